@@ -1,0 +1,232 @@
+"""The async engine: an engine thread runs the step loop; callers on the event loop add
+requests and read their incremental outputs from per-request queues. Torch releases the GIL
+during the forward pass, so the event loop stays responsive while the engine computes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from backend_engine.chat import render_chat
+from backend_engine.config import EngineConfig
+from backend_engine.engine import LLMEngine
+from backend_engine.errors import EngineDeadError, EngineOverloadedError
+from backend_engine.outputs import RequestOutput
+from backend_engine.sampling_params import SamplingParams
+from routing.hashing import NAMESPACE_RULE
+
+log = logging.getLogger("kvgate.engine")
+_IDLE_WAIT_S = 0.05
+
+
+class AsyncLLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.engine = LLMEngine(config)
+        self.config = config
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.dead: BaseException | None = None
+        self._event_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._waiters_lock = threading.Lock()
+        # accepted by generate() but not yet picked up by the engine thread; each counter has
+        # one writer thread, so no lock is needed
+        self._num_submitted = 0
+        self._num_picked = 0
+        self._load = self.engine.load()  # refreshed by the engine thread after every step
+
+    # -- facts about the model --------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.engine.model_id
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.block_size
+
+    @property
+    def stats(self):
+        return self.engine.stats
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    chat_template_kwargs: dict | None = None, tools: list[dict] | None = None,
+                    continue_final_message: bool = False) -> list[int]:
+        return render_chat(self.tokenizer, messages, add_generation_prompt, chat_template_kwargs,
+                           tools, continue_final_message)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvgate-engine", daemon=True)
+            self._thread.start()
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead is None
+
+    # -- requests ------------------------------------------------------------------------------
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_id: str, cache_salt: str | None = None,
+                       priority: int = 0, prompt: str | None = None
+                       ) -> AsyncIterator[RequestOutput]:
+        if self.dead is not None:
+            raise EngineDeadError("the engine stopped after an internal error")
+        self.engine.check_request(prompt_token_ids, params)
+        limit = self.config.max_waiting
+        if limit is not None and self.num_waiting() >= limit:
+            raise EngineOverloadedError("the waiting queue is full; retry later")
+        loop = asyncio.get_running_loop()
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (loop, stream)
+        self._num_submitted += 1
+        self._commands.put(("add", request_id, list(prompt_token_ids), params, cache_salt,
+                            priority, prompt))
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:  # the consumer went away (disconnect, cancel): free at once
+                self._commands.put(("abort", request_id))
+                self._wake.set()
+
+    async def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+        self._wake.set()
+
+    def _queued(self) -> int:
+        return max(0, self._num_submitted - self._num_picked)
+
+    def num_waiting(self) -> int:
+        return self._load["waiting"] + self._queued()
+
+    # -- engine thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._apply_commands()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(_IDLE_WAIT_S)
+                    self._wake.clear()
+                    continue
+                seq_before = self.engine.pool.event_seq
+                for out in self.engine.step():
+                    self._deliver(out.request_id, out)
+                self._load = self.engine.load()
+                if self.engine.pool.event_seq != seq_before:
+                    self._notify_event_waiters()
+        except BaseException as exc:  # report to every caller instead of hanging them
+            log.exception("engine loop failed")
+            self.dead = exc
+            for request_id in list(self._streams):
+                self._deliver(request_id, EngineDeadError(f"engine failed: {exc}"))
+
+    def _apply_commands(self) -> None:
+        changed = False
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if cmd[0] == "add":
+                _, request_id, tokens, params, salt, priority, prompt = cmd
+                self._num_picked += 1
+                if request_id not in self._streams:
+                    continue  # aborted before it reached the engine
+                try:
+                    self.engine.add_request(request_id, tokens, params, salt, prompt,
+                                            priority=priority)
+                except Exception as exc:
+                    self._deliver(request_id, exc)
+            else:
+                out = self.engine.abort_request(cmd[1])
+                changed = changed or out is not None
+        self._load = self.engine.load()
+        if changed:
+            self._notify_event_waiters()
+
+    def _deliver(self, request_id: str, item) -> None:
+        target = self._streams.get(request_id)
+        if target is None:
+            return
+        loop, stream = target
+        try:
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+        except RuntimeError:  # the loop closed
+            pass
+
+    # -- cache state -------------------------------------------------------------------------
+    def load(self) -> dict:
+        load = dict(self._load)
+        load["waiting"] += self._queued()
+        return load
+
+    def num_free_blocks(self) -> int:
+        return self.engine.pool.num_free_blocks
+
+    def kv_snapshot(self) -> dict:
+        seq = self.engine.pool.event_seq  # before the blocks: replaying later events is idempotent
+        return {"seq": seq, "block_size": self.block_size,
+                "namespace_rule": NAMESPACE_RULE, "model": self.model_id,
+                "blocks": self.engine.pool.cached_hashes(), "load": self.load()}
+
+    def kv_events_since(self, seq: int) -> list[dict] | None:
+        events = self.engine.pool.events_since(seq)
+        return None if events is None else [e.to_dict() for e in events]
+
+    async def wait_kv_events(self, after_seq: int, timeout: float) -> None:
+        if self.engine.pool.event_seq > after_seq:
+            return
+        event = asyncio.Event()
+        entry = (asyncio.get_running_loop(), event)
+        with self._waiters_lock:
+            self._event_waiters.append(entry)
+        try:
+            if self.engine.pool.event_seq <= after_seq:
+                await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with self._waiters_lock:
+                if entry in self._event_waiters:
+                    self._event_waiters.remove(entry)
+
+    def _notify_event_waiters(self) -> None:
+        with self._waiters_lock:
+            waiters, self._event_waiters = self._event_waiters, []
+        for loop, event in waiters:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:
+                pass
+
+    def drain_observations(self) -> dict[str, list[float]]:
+        return self.engine.stats.drain_observations()

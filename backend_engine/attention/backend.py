@@ -1,0 +1,33 @@
+"""One attention interface; the torch implementation runs everywhere, Triton on CUDA."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from backend_engine.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Write new K/V rows ([tokens, kv_heads, head_dim]) into the paged cache
+        ([num_blocks, block_size, kv_heads, head_dim]) at the given slots."""
+
+    def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Attention of queries ([tokens, heads, head_dim]) over the paged cache, which already
+        holds this step's K/V. Returns [tokens, heads, head_dim]."""
+
+
+def get_attention_backend(name: str = "auto", device: str = "cpu") -> AttentionBackend:
+    if name == "auto":
+        name = "triton" if device.startswith("cuda") else "torch"
+    if name == "torch":
+        from backend_engine.attention.torch_backend import TorchAttention
+
+        return TorchAttention()
+    raise ValueError(f"unknown attention backend {name!r}")

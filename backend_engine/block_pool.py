@@ -1,0 +1,145 @@
+"""The block pool: reference-counted KV blocks, the hash → block map of the prefix cache, an LRU
+of free blocks (cached ones stay hits until reused), and the stored/removed event log."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+
+class NoFreeBlocksError(RuntimeError):
+    """Raised when a caller asks for more blocks than are free (callers check first)."""
+
+
+@dataclass(slots=True)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: int | None = None
+
+
+@dataclass(slots=True)
+class KVEvent:
+    seq: int
+    ts: float
+    stored: list[int] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+    cleared: bool = False
+
+    def to_dict(self) -> dict:
+        return {"seq": self.seq, "ts": self.ts, "stored": self.stored, "removed": self.removed,
+                "cleared": self.cleared}
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, event_buffer: int = 4096):
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # Order is eviction order: the head is reused first. Blocks without a hash go to the
+        # head so cached blocks survive as long as possible.
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash → block id
+        self.event_seq = 0
+        self.events: deque[KVEvent] = deque(maxlen=event_buffer)
+        self._stored: list[int] = []
+        self._removed: list[int] = []
+        self._cleared = False
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / self.num_blocks
+
+    def lookup(self, block_hash: int) -> KVBlock | None:
+        block_id = self.cached.get(block_hash)
+        return None if block_id is None else self.blocks[block_id]
+
+    def cached_hashes(self) -> list[int]:
+        return list(self.cached)
+
+    # -- allocation ----------------------------------------------------------------------
+    def allocate(self, n: int) -> list[KVBlock]:
+        if n > len(self.free):
+            raise NoFreeBlocksError(f"asked for {n} blocks, {len(self.free)} free")
+        out = []
+        for _ in range(n):
+            block_id, _ = self.free.popitem(last=False)
+            block = self.blocks[block_id]
+            self._evict_hash(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def touch(self, blocks: list[KVBlock]) -> None:
+        """Take a reference on blocks found in the cache (reviving free ones)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free.pop(block.block_id)
+            block.ref_cnt += 1
+
+    def release(self, blocks: list[KVBlock]) -> None:
+        """Drop a reference; pass a request's blocks tail first so its tail is evicted first."""
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free[block.block_id] = None
+                if block.block_hash is None:
+                    self.free.move_to_end(block.block_id, last=False)
+
+    def cache_block(self, block: KVBlock, block_hash: int) -> None:
+        """Register a block that now holds a full block of verified tokens."""
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        if block_hash in self.cached:  # another block already holds these tokens
+            return
+        block.block_hash = block_hash
+        self.cached[block_hash] = block.block_id
+        self._stored.append(block_hash)
+
+    def _evict_hash(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) == block.block_id:
+                del self.cached[block.block_hash]
+                self._removed.append(block.block_hash)
+            block.block_hash = None
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only possible while no block is in use."""
+        if len(self.free) != self.num_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached.clear()
+        self._stored.clear()
+        self._removed.clear()
+        self._cleared = True
+        return True
+
+    # -- events --------------------------------------------------------------------------
+    def flush_events(self) -> KVEvent | None:
+        """Close the current step's changes into one numbered event (None if nothing changed)."""
+        if not (self._stored or self._removed or self._cleared):
+            return None
+        self.event_seq += 1
+        # A hash stored and removed within one step is reported by its final state only.
+        touched = dict.fromkeys(self._stored + self._removed)
+        stored = [h for h in touched if h in self.cached]
+        removed = [h for h in touched if h not in self.cached]
+        event = KVEvent(self.event_seq, time.time(), stored, removed, self._cleared)
+        self._stored, self._removed, self._cleared = [], [], False
+        self.events.append(event)
+        return event
+
+    def events_since(self, seq: int) -> list[KVEvent] | None:
+        """Events with a larger seq; None when the replay buffer no longer reaches back."""
+        events = list(self.events)  # one C-level copy: safe against the engine thread
+        if not events or seq >= events[-1].seq:
+            return []
+        if events[0].seq > seq + 1:
+            return None
+        return [e for e in events if e.seq > seq]

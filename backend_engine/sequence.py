@@ -1,0 +1,79 @@
+"""A sequence: one sample of a request, the unit the scheduler and block manager work on."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend_engine.block_pool import KVBlock
+from backend_engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    seq_id: str
+    request_id: str
+    index: int  # choice index within the request (n > 1)
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    namespace: str
+    max_tokens: int  # effective: bounded by the context and the KV pool
+    token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = -1  # prompt tokens served from the prefix cache (-1: not yet known)
+    block_table: list[KVBlock] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)  # drafted, not yet verified
+    parent: Sequence | None = None  # the sibling whose prompt blocks this one forks
+    num_preemptions: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    generator: Any = None  # torch.Generator when the request has a seed (runner-owned)
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.token_ids) + len(self.spec_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

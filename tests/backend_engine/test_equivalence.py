@@ -1,0 +1,57 @@
+"""The same greedy tokens whatever the batching, chunking, caching or memory pressure."""
+
+import pytest
+
+from backend_engine.llm import LLM
+from backend_engine.sampling_params import SamplingParams
+from tests.backend_engine.helpers import assert_no_leaks
+
+SYSTEM = ("You are a meticulous assistant. Answer briefly and cite the rule you used. " * 4)
+PROMPTS = [SYSTEM + q for q in ("What is 2+2?", "Name a colour.", "Spell 'cat'.",
+                                "Is water wet?", "Count to three.", "Say hello.")]
+PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def reference(default_llm):
+    return [o.outputs[0].token_ids for o in default_llm.generate(PROMPTS, PARAMS)]
+
+
+def _tokens(llm):
+    outs = llm.generate(PROMPTS, PARAMS)
+    assert_no_leaks(llm.engine)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_one_at_a_time_matches_mixed_batch(default_llm, reference):
+    singles = [default_llm.generate(p, PARAMS)[0].outputs[0].token_ids for p in PROMPTS]
+    assert singles == reference
+
+
+def test_prefix_cache_hits_are_counted_and_do_not_change_output(default_llm, reference):
+    engine = default_llm.engine
+    before_hits = engine.stats.prefix_cache_hits
+    outs = default_llm.generate(PROMPTS, PARAMS)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    # every prompt was seen before: each hits all of its full blocks but the last token's
+    expected = [((len(o.prompt_token_ids) - 1) // 16) * 16 for o in outs]
+    assert [o.num_cached_tokens for o in outs] == expected
+    assert engine.stats.prefix_cache_hits - before_hits == sum(expected)
+
+
+def test_caching_off_gives_same_tokens(reference):
+    llm = LLM("default", num_kv_blocks=256, enable_prefix_caching=False)
+    assert _tokens(llm) == reference
+    assert llm.engine.stats.prefix_cache_hits == 0
+
+
+def test_odd_chunked_prefill_gives_same_tokens(reference):
+    llm = LLM("default", num_kv_blocks=256, max_num_batched_tokens=37)
+    assert _tokens(llm) == reference
+
+
+def test_preemption_under_a_tiny_pool_gives_same_tokens(reference):
+    # 6 prompts of ~90 tokens + 24 outputs need ~42 blocks at once; 16 forces preemption
+    llm = LLM("default", num_kv_blocks=16, max_num_batched_tokens=64)
+    assert _tokens(llm) == reference
+    assert llm.engine.stats.preemptions > 0

@@ -1,0 +1,19 @@
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def default_llm():
+    from backend_engine.llm import LLM
+
+    return LLM("default", num_kv_blocks=512)
+
+
+@pytest.fixture(scope="session")
+def tiny_llm():
+    from backend_engine.llm import LLM
+
+    return LLM("tiny-random", num_kv_blocks=256, max_num_batched_tokens=256)
