@@ -173,6 +173,7 @@ class LLMEngine:
         now = time.monotonic()
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
+            self.kv.cache_computed_blocks(seq)  # before a finish frees the blocks
         touched: dict[str, RequestState] = {}
         for i, seq in enumerate(sampled):
             state = self.requests.get(seq.request_id)
@@ -180,9 +181,6 @@ class LLMEngine:
                 continue
             self._accept_token(state, seq, result, i, now)
             touched[state.request_id] = state
-        for seq, _ in sched.scheduled:
-            if not seq.is_finished:
-                self.kv.cache_computed_blocks(seq)
         self.scheduler.sweep_finished()
         self.pool.flush_events()
         self.stats.prefix_cache_queries = self.kv.prefix_cache_queries
