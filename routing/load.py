@@ -1,0 +1,144 @@
+"""Load accounting per replica: what this gateway booked, reconciled with what the engine reports.
+
+A gateway's own bookings are exact but partial (other gateways route too); the engine's report
+covers every gateway but lags. The effective load is the engine's report plus whatever this
+gateway booked after that report arrived, and never less than this gateway's own open bookings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Booking:
+    replica: str
+    prefill_tokens: int
+    reserved_at: float
+    prefilling: bool = True
+
+
+@dataclass(slots=True)
+class EngineLoad:
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    pending_prefill_tokens: int = 0
+    received_at: float = 0.0
+
+
+@dataclass(slots=True)
+class LoadView:
+    """The load a policy sees for one replica."""
+
+    in_flight: int = 0
+    pending_prefill_tokens: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+
+
+@dataclass(slots=True)
+class _ReplicaLoad:
+    bookings: OrderedDict[str, Booking] = field(default_factory=OrderedDict)  # by reserve time
+    pending_prefill_tokens: int = 0
+    engine: EngineLoad | None = None
+
+
+class LoadTracker:
+    def __init__(
+        self, engine_stale_after_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.engine_stale_after_s = engine_stale_after_s
+        self.clock = clock
+        self._replicas: dict[str, _ReplicaLoad] = {}
+        self._bookings: dict[str, Booking] = {}
+
+    def add_replica(self, name: str) -> None:
+        self._replicas.setdefault(name, _ReplicaLoad())
+
+    def remove_replica(self, name: str) -> None:
+        load = self._replicas.pop(name, None)
+        if load is not None:
+            for request_id in load.bookings:
+                self._bookings.pop(request_id, None)
+
+    def reserve(self, request_id: str, replica: str, prefill_tokens: int) -> None:
+        """Book a routed request: one more in flight, its uncached tokens still to prefill."""
+        if request_id in self._bookings:
+            raise ValueError(f"request {request_id!r} is already booked")
+        load = self._replicas[replica]
+        booking = Booking(replica, max(0, int(prefill_tokens)), self.clock())
+        load.bookings[request_id] = booking
+        load.pending_prefill_tokens += booking.prefill_tokens
+        self._bookings[request_id] = booking
+
+    def first_token(self, request_id: str) -> None:
+        """Prefill is done: the request no longer adds prefill work."""
+        booking = self._bookings.get(request_id)
+        if booking is not None and booking.prefilling:
+            booking.prefilling = False
+            self._replicas[booking.replica].pending_prefill_tokens -= booking.prefill_tokens
+
+    def finish(self, request_id: str) -> None:
+        """Release a booking (completion, error or client abort); unknown ids are ignored."""
+        booking = self._bookings.pop(request_id, None)
+        if booking is None:
+            return
+        load = self._replicas.get(booking.replica)
+        if load is None:
+            return
+        if booking.prefilling:
+            load.pending_prefill_tokens -= booking.prefill_tokens
+        load.bookings.pop(request_id, None)
+
+    def observe_engine(self, replica: str, report: Mapping | None) -> None:
+        """Record the load an engine reported (snapshot, event or heartbeat)."""
+        load = self._replicas.get(replica)
+        if load is None or report is None:
+            return
+        load.engine = EngineLoad(
+            running=int(report.get("running", 0)),
+            waiting=int(report.get("waiting", 0)),
+            kv_usage=float(report.get("kv_usage", 0.0)),
+            pending_prefill_tokens=int(report.get("pending_prefill_tokens", 0)),
+            received_at=self.clock(),
+        )
+
+    def view(self, replica: str) -> LoadView:
+        load = self._replicas[replica]
+        own_in_flight = len(load.bookings)
+        own_pending = load.pending_prefill_tokens
+        engine = load.engine
+        if engine is None or self.clock() - engine.received_at > self.engine_stale_after_s:
+            return LoadView(own_in_flight, own_pending, 0, 0.0 if engine is None else engine.kv_usage)
+        newer, newer_pending = 0, 0
+        for booking in reversed(load.bookings.values()):
+            if booking.reserved_at <= engine.received_at:
+                break  # bookings are in reserve order; older ones are in the engine's report
+            newer += 1
+            if booking.prefilling:
+                newer_pending += booking.prefill_tokens
+        return LoadView(
+            in_flight=max(own_in_flight, engine.running + engine.waiting + newer),
+            pending_prefill_tokens=max(own_pending, engine.pending_prefill_tokens + newer_pending),
+            waiting=engine.waiting,
+            kv_usage=engine.kv_usage,
+        )
+
+    def engine_report(self, replica: str) -> EngineLoad | None:
+        """The engine's last load report, if fresh."""
+        load = self._replicas.get(replica)
+        if load is None or load.engine is None:
+            return None
+        if self.clock() - load.engine.received_at > self.engine_stale_after_s:
+            return None
+        return load.engine
+
+    def booking(self, request_id: str) -> Booking | None:
+        return self._bookings.get(request_id)
+
+    def in_flight_total(self) -> int:
+        return len(self._bookings)

@@ -1,0 +1,110 @@
+"""kvgate's cache-aware policy: one cost in tokens of work, guards, and no herding.
+
+    cost(r) = (2 * uncached_tokens(r) + pending_prefill_tokens(r) + block_size)
+              * (1 + in_flight(r) / 4)
+
+The first factor is prefill work in tokens. The request waits for the prefill already queued
+on r (pending) and for its own uncached tokens; its uncached tokens count twice because they
+are also new work every later request on r waits behind, and blocks they evict from r's
+cache. Pending prefill counts once: that work happens wherever this request goes, and when r
+is computing this very prefix (a sibling routed a moment ago) waiting for it is the cheap
+choice. `block_size` is the floor of one block of work, so a fully cached replica still costs
+more as its batch grows. The second factor is batch drag: the sequences in flight share r's
+steps. LMetric uses (in_flight + 1); dividing by 4 softens it so that one extra request in
+flight does not double the cost - with the full factor, the second of a burst of siblings
+already finds the replica computing its prefix "as expensive" as recomputing it elsewhere, and
+siblings scatter.
+
+Around the cost:
+  * guards drop replicas whose KV cache is nearly full or whose queue is long;
+  * candidates are limited to the near-least-loaded window (in-flight at most
+    min + max(window_abs, window_rel x min)), so a hot prefix spills over instead of piling up - and inside that window
+    the best-cached replica still wins (affinity is kept, not dropped, under imbalance);
+  * a random pick among near-equal costs, never the first index;
+  * a prompt no replica holds goes to the replica that took a new prefix least recently, so new
+    prefixes spread and every replica's cache is used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from routing.policies.base import (Decision, ReplicaState, RouteRequest, build_decision,
+                                   require_replicas)
+
+
+UNCACHED_WEIGHT = 2.0
+
+
+def kvgate_cost(r: ReplicaState, prompt_tokens: int, block_size: int,
+                uncached_weight: float = UNCACHED_WEIGHT, batch_scale: float = 4.0) -> float:
+    uncached = max(0, prompt_tokens - r.cached_tokens)
+    return float((uncached_weight * uncached + r.pending_prefill_tokens + block_size)
+                 * (1.0 + r.in_flight / batch_scale))
+
+
+class KvgatePolicy:
+    name = "kvgate"
+
+    def __init__(
+        self,
+        seed: int | None = None,
+        kv_usage_guard: float = 0.95,
+        max_waiting: int = 32,
+        window_rel: float = 0.25,
+        window_abs: int = 4,
+        near_equal: float = 0.05,
+        uncached_weight: float = UNCACHED_WEIGHT,
+        batch_scale: float = 4.0,
+    ) -> None:
+        self.batch_scale = batch_scale
+        self.uncached_weight = uncached_weight
+        self._rng = random.Random(seed)
+        self.kv_usage_guard = kv_usage_guard
+        self.max_waiting = max_waiting
+        self.window_rel = window_rel
+        self.window_abs = window_abs
+        self.near_equal = near_equal
+        self._new_prefix_turn: dict[str, int] = {}
+        self._turns = itertools.count(1)
+
+    def saturated(self, r: ReplicaState) -> str | None:
+        if r.kv_usage >= self.kv_usage_guard:
+            return "kv_usage"
+        if r.waiting >= self.max_waiting:
+            return "queue"
+        return None
+
+    def choose(self, request: RouteRequest, replicas: list[ReplicaState]) -> Decision:
+        require_replicas(replicas)
+        excluded = {r.name: why for r in replicas if (why := self.saturated(r))}
+        candidates = [r for r in replicas if r.name not in excluded] or list(replicas)
+        all_saturated = len(excluded) == len(replicas)
+        lo = min(r.in_flight for r in candidates)
+        limit = lo + max(self.window_abs, self.window_rel * lo)
+        window = []
+        for r in candidates:
+            if r.in_flight <= limit:
+                window.append(r)
+            else:
+                excluded.setdefault(r.name, "load_window")
+        costs = {r.name: kvgate_cost(r, request.prompt_tokens, request.block_size,
+                                    self.uncached_weight, self.batch_scale)
+                 for r in replicas}
+        best = min(costs[r.name] for r in window)
+        near = [r for r in window if costs[r.name] <= best * (1 + self.near_equal)]
+        best_cached = max(r.cached_tokens for r in candidates)
+        if best_cached == 0:
+            # A new prefix: rotate it onto the replica that least recently took one.
+            oldest = min(self._new_prefix_turn.get(r.name, 0) for r in near)
+            chosen = self._rng.choice(
+                [r for r in near if self._new_prefix_turn.get(r.name, 0) == oldest])
+            self._new_prefix_turn[chosen.name] = next(self._turns)
+            reason = "new_prefix"
+        else:
+            chosen = self._rng.choice(near)
+            reason = "cache_hit" if chosen.cached_tokens >= best_cached else "load_window"
+        if all_saturated:
+            reason = "all_saturated"
+        return build_decision(self.name, request, chosen, reason, replicas, costs, excluded)

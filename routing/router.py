@@ -1,0 +1,116 @@
+"""The routing step in one place: block hashes -> prefix index match -> load view -> policy ->
+predicted entries written and load reserved. One Router per gateway process."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from routing.hashing import DEFAULT_BLOCK_SIZE, block_hashes
+from routing.index import PrefixIndex
+from routing.load import LoadTracker
+from routing.policies import Decision, NoReplicaAvailable, Policy, ReplicaState, RouteRequest
+from routing.policies import make_policy
+
+
+@dataclass(slots=True)
+class ReplicaInfo:
+    name: str
+    healthy: bool = True
+    approximate: bool = False
+
+
+class Router:
+    def __init__(
+        self,
+        policy: Policy | str = "kvgate",
+        index: PrefixIndex | None = None,
+        load: LoadTracker | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
+        self.index = index or PrefixIndex(block_size=block_size, clock=clock)
+        self.load = load or LoadTracker(clock=clock)
+        self.block_size = self.index.block_size
+        self.replicas: dict[str, ReplicaInfo] = {}
+        self._ids = itertools.count()
+
+    # -- replica membership and engine feeds ----------------------------------------------
+    def add_replica(self, name: str, approximate: bool = False,
+                    capacity_blocks: int | None = None) -> None:
+        """Register a replica; `approximate` for backends without KV events (index learned from
+        routing history, as an LRU of `capacity_blocks`)."""
+        if approximate and not capacity_blocks:
+            raise ValueError("an approximate replica needs capacity_blocks")
+        self.replicas[name] = ReplicaInfo(name, approximate=approximate)
+        self.index.add_replica(name, approximate, capacity_blocks if approximate else None)
+        self.load.add_replica(name)
+
+    def remove_replica(self, name: str) -> None:
+        self.replicas.pop(name, None)
+        self.index.remove_replica(name)
+        self.load.remove_replica(name)
+
+    def set_healthy(self, name: str, healthy: bool) -> None:
+        self.replicas[name].healthy = healthy
+
+    def on_snapshot(self, name: str, snapshot: Mapping) -> None:
+        self.index.apply_snapshot(name, snapshot)
+        self.load.observe_engine(name, snapshot.get("load"))
+
+    def on_event(self, name: str, event: Mapping) -> bool:
+        """Apply a KV event; False means: re-read this replica's snapshot."""
+        self.load.observe_engine(name, event.get("load"))
+        return self.index.apply_event(name, event)
+
+    # -- routing --------------------------------------------------------------------------
+    def replica_states(self, hashes: Sequence[int], prompt_tokens: int,
+                       exclude: Iterable[str] = ()) -> list[ReplicaState]:
+        skip = set(exclude)
+        matched = self.index.match(hashes)
+        # An engine always computes the prompt's last token, so at most (n-1)//B blocks hit.
+        max_blocks = max(0, (prompt_tokens - 1) // self.block_size)
+        states = []
+        for info in self.replicas.values():
+            if not info.healthy or info.name in skip:
+                continue
+            view = self.load.view(info.name)
+            states.append(ReplicaState(
+                info.name, min(matched.get(info.name, 0), max_blocks) * self.block_size,
+                view.in_flight, view.pending_prefill_tokens, view.waiting, view.kv_usage,
+                info.approximate))
+        return states
+
+    def route(self, token_ids: Sequence[int], namespace: str, request_id: str | None = None,
+              session_key: str | None = None, exclude: Iterable[str] = ()) -> Decision:
+        """Choose a replica for a tokenised prompt, predict its blocks there and book its load."""
+        hashes = block_hashes(token_ids, namespace, self.block_size)
+        return self.route_hashes(hashes, len(token_ids), request_id, session_key, exclude)
+
+    def route_hashes(self, hashes: Sequence[int], prompt_tokens: int,
+                     request_id: str | None = None, session_key: str | None = None,
+                     exclude: Iterable[str] = ()) -> Decision:
+        request = RouteRequest(request_id or f"req-{next(self._ids)}", hashes, prompt_tokens,
+                               self.block_size, session_key)
+        states = self.replica_states(hashes, prompt_tokens, exclude)
+        if not states:
+            raise NoReplicaAvailable("no healthy replica")
+        decision = self.policy.choose(request, states)
+        self.commit(decision, hashes, prompt_tokens)
+        return decision
+
+    def commit(self, decision: Decision, hashes: Sequence[int], prompt_tokens: int) -> None:
+        """Write the chosen replica's predicted blocks and reserve its load locally."""
+        self.index.record_route(decision.replica, hashes)
+        self.load.reserve(decision.request_id, decision.replica,
+                          prompt_tokens - decision.cached_tokens)
+
+    def first_token(self, request_id: str) -> None:
+        self.load.first_token(request_id)
+
+    def finish(self, request_id: str) -> None:
+        self.load.finish(request_id)
