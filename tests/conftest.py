@@ -3,6 +3,7 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see backend_engine/__init__.py
 
 
 @pytest.fixture(scope="session")
