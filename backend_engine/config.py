@@ -11,6 +11,7 @@ class EngineConfig:
     served_model_name: str | None = None  # the id clients use; defaults to the model's name
     dtype: str = "float32"
     device: str = "cpu"
+    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0

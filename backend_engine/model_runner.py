@@ -35,7 +35,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         self.block_size = config.block_size
-        self.attention = get_attention_backend("auto", config.device)
+        self.attention = get_attention_backend(config.attention_backend, config.device)
         self.model = LlamaModel(hf_config, load_state_dict(folder), self.attention,
                                 max_model_len, self.dtype, config.device)
         self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
