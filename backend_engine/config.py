@@ -24,6 +24,12 @@ class EngineConfig:
     seed: int = 0
     kv_event_buffer: int = 4096  # events kept for /kv/events replay
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
+    speculative_method: str | None = None  # None | "ngram" | "draft"
+    num_speculative_tokens: int = 4
+    ngram_min: int = 1  # shortest suffix the n-gram proposer looks up
+    ngram_max: int = 4  # longest suffix tried first
+    draft_model: str | None = None  # for "draft": any model sharing the target's tokenizer
+    speculative_max_batch: int = 8  # speculate only while this many sequences or fewer run
 
     def validate(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -34,5 +40,11 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be positive")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be at least 2")
+        if self.speculative_method not in (None, "ngram", "draft"):
+            raise ValueError("speculative_method must be 'ngram' or 'draft'")
+        if self.speculative_method and not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError("num_speculative_tokens must be between 1 and 16")
+        if self.speculative_method == "draft" and not self.draft_model:
+            raise ValueError("speculative_method 'draft' needs draft_model")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")

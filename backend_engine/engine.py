@@ -7,37 +7,25 @@ async engine drives it from one thread."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from backend_engine.block_pool import BlockPool
 from backend_engine.config import EngineConfig
-from backend_engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from backend_engine.errors import ContextLengthExceededError, InvalidRequestError
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.metrics import EngineStats
 from backend_engine.model_loader import check_architecture, resolve_model
-from backend_engine.model_runner import ModelRunner
-from backend_engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from backend_engine.sampler import SamplerOutput, SamplingRow
+from backend_engine.model_runner import ModelRunner, SeqResult
+from backend_engine.output_processor import OutputProcessor, RequestState
+from backend_engine.outputs import RequestOutput
+from backend_engine.sampler import SamplingRow
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.scheduler import Scheduler
 from backend_engine.sequence import Sequence
+from backend_engine.spec_decode.controller import SpecController
+from backend_engine.spec_decode.proposers import build_proposer
 from routing.hashing import NAMESPACE_RULE, namespace_for
-
-
-@dataclass(slots=True)
-class RequestState:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    detoks: list[IncrementalDetokenizer]
-    outputs: list[CompletionOutput]
-    arrival_time: float
-    prompt: str | None = None
 
 
 class LLMEngine:
@@ -58,8 +46,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.kv)
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
-        self.token_texts = TokenTexts(self.tokenizer)
         self.eos_token_ids = self._eos_ids(files.folder)
+        self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
+        self.proposer = build_proposer(config, self.tokenizer)
+        self.spec = SpecController(config.speculative_max_batch) if self.proposer else None
 
     def _max_model_len(self, config: EngineConfig) -> int:
         limit = self.hf_config.max_position_embeddings
@@ -134,13 +124,8 @@ class LLMEngine:
             if params.seed is not None:
                 seq.generator = torch.Generator().manual_seed(params.seed + i)
             seqs.append(seq)
-        detoks = [IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
-                                         params.include_stop_str_in_output,
-                                         params.skip_special_tokens) for _ in seqs]
-        outputs = [CompletionOutput(i, logprobs=[] if params.logprobs is not None else None)
-                   for i in range(params.n)]
-        self.requests[request_id] = RequestState(request_id, list(prompt_token_ids), params,
-                                                 seqs, detoks, outputs, arrival, prompt)
+        self.requests[request_id] = self.outputs.new_state(request_id, prompt_token_ids, params,
+                                                           seqs, arrival, prompt)
         for seq in seqs:
             self.scheduler.add(seq)
         self.stats.prompt_tokens += len(prompt_token_ids)
@@ -151,126 +136,111 @@ class LLMEngine:
             return None
         for seq, out in zip(state.seqs, state.outputs):
             if not seq.is_finished:
-                self.scheduler.finish(seq, "abort")
+                self._finish(seq, ("abort", None), time.monotonic())
                 out.finish_reason = "abort"
-                self.stats.finished_by_reason["abort"] += 1
         self.scheduler.sweep_finished()
         self.pool.flush_events()
-        return self._make_output(state, finished=True)
+        return self.outputs.make_output(state, finished=True)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self._propose_drafts()
         sched = self.scheduler.schedule()
         self.stats.preemptions = self.scheduler.num_preemptions
         if not sched:
             self.pool.flush_events()
             return []
-        rows = {seq: self._sampling_row(seq) for seq, _ in sched.scheduled}
-        sampled, result = self.runner.execute(sched.scheduled, rows)
+        rows = {seq: self._sampling_rows(seq) for seq, _ in sched.scheduled}
+        results = self.runner.execute(sched.scheduled, rows)
         now = time.monotonic()
-        for seq, n in sched.scheduled:
-            seq.num_computed_tokens += n
-            self.kv.cache_computed_blocks(seq)  # before a finish frees the blocks
         touched: dict[str, RequestState] = {}
-        for i, seq in enumerate(sampled):
+        for seq, n in sched.scheduled:
+            result = results.get(seq)
+            drafted = len(seq.spec_token_ids)
+            if result is not None and drafted:
+                accepted = len(result.token_ids) - 1
+                seq.num_computed_tokens += n - (drafted - accepted)  # rejected slots roll back
+                if self.spec is not None:
+                    self.spec.record(seq.seq_id, drafted, accepted)
+            else:
+                seq.num_computed_tokens += n
+            seq.spec_token_ids = []
+            seq.spec_draft_probs = None
             state = self.requests.get(seq.request_id)
-            if state is None:
-                continue
-            self._accept_token(state, seq, result, i, now)
-            touched[state.request_id] = state
+            reason = None
+            if result is not None and state is not None:
+                reason = self._append_tokens(state, seq, result, now)
+                touched[state.request_id] = state
+            self.kv.cache_computed_blocks(seq)  # before a finish frees the blocks
+            if reason is not None:
+                self._finish(seq, reason, now)
+            elif drafted:
+                self.kv.trim_to(seq, seq.num_computed_tokens)
         self.scheduler.sweep_finished()
         self.pool.flush_events()
         self.stats.prefix_cache_queries = self.kv.prefix_cache_queries
         self.stats.prefix_cache_hits = self.kv.prefix_cache_hits
         outputs = []
         for state in touched.values():
-            finished = all(s.is_finished for s in state.seqs)
-            outputs.append(self._make_output(state, finished))
+            finished = state.finished
+            outputs.append(self.outputs.make_output(state, finished))
             if finished:
                 del self.requests[state.request_id]
                 self.stats.observe("e2e", now - state.arrival_time)
         return outputs
 
-    def _sampling_row(self, seq: Sequence) -> SamplingRow:
-        p = seq.params
-        blocked = []
-        if seq.num_output_tokens < p.min_tokens:
-            blocked = list(self.eos_token_ids | set(p.stop_token_ids))
-        return SamplingRow(p, seq.prompt_token_ids, seq.output_token_ids, seq.generator, blocked)
+    def _propose_drafts(self) -> None:
+        if self.proposer is None or not self.scheduler.running:
+            return
+        if not self.spec.should_speculate(len(self.scheduler.running)):
+            return
+        for seq in self.scheduler.running:
+            if seq.is_finished or seq.num_computed_tokens != seq.num_tokens - 1:
+                continue  # still prefilling
+            room = min(seq.max_tokens - seq.num_output_tokens,
+                       self.max_model_len - seq.num_tokens) - 1
+            if room > 0 and self.spec.wants_drafts(seq.seq_id):
+                seq.spec_token_ids = self.proposer.propose(seq.token_ids, room)
 
-    def _accept_token(self, state: RequestState, seq: Sequence, result: SamplerOutput, i: int,
-                      now: float) -> None:
-        token = result.token_ids[i]
-        seq.append_token(token)
-        self.stats.generation_tokens += 1
+    def _sampling_rows(self, seq: Sequence) -> list[SamplingRow]:
+        """One row per logits row: the last real token, then each draft (whose penalties
+        see the drafts before it, as if they had been sampled)."""
+        p, outputs = seq.params, seq.output_token_ids
+        rows = [SamplingRow(p, seq.prompt_token_ids, outputs, seq.generator,
+                            self.outputs.blocked_tokens(seq))]
+        for i in range(1, len(seq.spec_token_ids) + 1):
+            rows.append(SamplingRow(p, seq.prompt_token_ids, outputs + seq.spec_token_ids[:i],
+                                    seq.generator, self.outputs.blocked_tokens(seq, i)))
+        return rows
+
+    def _append_tokens(self, state: RequestState, seq: Sequence, result: SeqResult,
+                       now: float):
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.stats.observe("ttft", now - seq.arrival_time)
-        out = state.outputs[seq.index]
-        if out.logprobs is not None and result.logprobs is not None:
-            top = []
-            if result.top_ids is not None and seq.params.logprobs:
-                k = seq.params.logprobs
-                top = [(t, self.token_texts(t), lp) for t, lp in
-                       zip(result.top_ids[i][:k], result.top_logprobs[i][:k])]
-            out.logprobs.append(TokenLogprob(token, self.token_texts(token),
-                                             result.logprobs[i], top))
-        self._check_stop(state, seq, token, now)
+        for j, token in enumerate(result.token_ids):
+            logprob = None
+            if result.logprobs is not None:
+                logprob = (result.logprobs[j],
+                           result.top_ids[j] if result.top_ids is not None else [],
+                           result.top_logprobs[j] if result.top_logprobs is not None else [])
+            self.stats.generation_tokens += 1
+            reason = self.outputs.append_token(state, seq, token, logprob)
+            if reason is not None:
+                return reason
+        return None
 
-    def _check_stop(self, state: RequestState, seq: Sequence, token: int, now: float) -> None:
-        p = seq.params
-        past_min = seq.num_output_tokens >= p.min_tokens
-        detok = state.detoks[seq.index]
-        is_eos = token in self.eos_token_ids and not p.ignore_eos
-        is_stop_id = token in p.stop_token_ids
-        stop_str = None
-        if not (is_eos or is_stop_id):
-            stop_str = detok.add_token(token, check_stop=past_min)
-        reason: tuple[str, str | int | None] | None = None
-        if past_min and is_stop_id:
-            reason = ("stop", token)
-        elif past_min and is_eos:
-            reason = ("stop", None)
-        elif stop_str is not None:
-            reason = ("stop", stop_str)
-        elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = ("length", None)
-        if reason is None:
-            return
+    def _finish(self, seq: Sequence, reason, now: float) -> None:
         self.scheduler.finish(seq, *reason)
+        if self.spec is not None:
+            self.spec.forget(seq.seq_id)
         seq.finish_time = now
         self.stats.finished_by_reason[reason[0]] += 1
         if seq.first_token_time is not None and seq.num_output_tokens > 1:
             self.stats.observe("tpot", (now - seq.first_token_time) / (seq.num_output_tokens - 1))
-
-    def _make_output(self, state: RequestState, finished: bool) -> RequestOutput:
-        for seq, detok, out in zip(state.seqs, state.detoks, state.outputs):
-            done = seq.is_finished
-            out.delta_text = detok.take_delta(done)
-            out.text = detok.text[:detok.emitted]
-            new_ids = seq.output_token_ids[len(out.token_ids):]
-            out.delta_token_ids = new_ids
-            out.token_ids = out.token_ids + new_ids
-            if out.logprobs is not None:
-                start = len(out.logprobs) - len(new_ids)
-                out.delta_logprobs = out.logprobs[start:]
-            out.finish_reason = seq.finish_reason if done else None
-            out.stop_reason = seq.stop_reason if done else None
-        cached = max(0, state.seqs[0].num_cached_tokens)
-        metrics = {"arrival_time": state.arrival_time}
-        if state.seqs[0].first_token_time is not None:
-            metrics["first_token_time"] = state.seqs[0].first_token_time
-        return RequestOutput(state.request_id, state.prompt_token_ids,
-                             [CompletionOutput(o.index, o.text, list(o.token_ids),
-                                               None if o.logprobs is None else list(o.logprobs),
-                                               o.finish_reason, o.stop_reason, o.delta_text,
-                                               o.delta_token_ids, o.delta_logprobs)
-                              for o in state.outputs],
-                             num_cached_tokens=cached, finished=finished, prompt=state.prompt,
-                             metrics=metrics)
 
     # -- cache state for the replica server ------------------------------------------------
     def load(self) -> dict:

@@ -15,6 +15,7 @@ from backend_engine.model_loader import load_state_dict
 from backend_engine.models.llama import LlamaModel
 from backend_engine.sampler import Sampler, SamplerOutput, SamplingRow
 from backend_engine.sequence import Sequence
+from backend_engine.spec_decode.rejection import verify_greedy, verify_sampled
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -24,8 +25,18 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
-    sample_index: list[int]  # flat index of the token whose logits each sampled seq needs
-    sampled_seqs: list[Sequence]
+    sample_index: list[int]  # flat indexes of the tokens whose logits are needed
+    sampled_seqs: list[tuple[Sequence, int, int]]  # (seq, first row, number of rows)
+
+
+@dataclass(slots=True)
+class SeqResult:
+    """What one step produced for a sequence: sampled (or verified) tokens and logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
 
 
 class ModelRunner:
@@ -70,9 +81,11 @@ class ModelRunner:
             input_ids.extend(tokens[start:start + n])
             positions.extend(range(start, start + n))
             slot_mapping.extend(self._slots(seq, start, start + n))
-            if start + n >= seq.num_tokens:  # reached the end of known tokens: sample
-                sample_index.append(len(input_ids) - 1 - (start + n - seq.num_tokens))
-                sampled.append(seq)
+            if start + n >= seq.num_tokens:  # reached the last real token: sample (or verify)
+                first = len(input_ids) - (start + n - seq.num_tokens) - 1
+                rows = start + n - seq.num_tokens + 1  # the last real token + each draft
+                sampled.append((seq, len(sample_index), rows))
+                sample_index.extend(range(first, first + rows))
         meta = AttentionMetadata(slot_mapping=torch.tensor(slot_mapping, dtype=torch.long),
                                  num_decode_tokens=len(decodes))
         if decodes:
@@ -103,13 +116,47 @@ class ModelRunner:
     # -- execution -------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]],
-                rows: dict[Sequence, SamplingRow]) -> tuple[list[Sequence], SamplerOutput | None]:
-        """Run one step; returns the sequences that got a token and the sampler's output."""
+                rows: dict[Sequence, list[SamplingRow]]) -> dict[Sequence, SeqResult]:
+        """Run one step. rows[seq] has one SamplingRow per logits row the sequence needs: one,
+        or 1 + drafts when it carries speculative tokens to verify."""
         inputs = self.prepare(scheduled)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
                                     inputs.meta)
         if not inputs.sampled_seqs:
-            return [], None
+            return {}
         logits = self.model.compute_logits(hidden[inputs.sample_index])
-        out = self.sampler(logits, [rows[s] for s in inputs.sampled_seqs])
-        return inputs.sampled_seqs, out
+        flat_rows = [r for seq, _, _ in inputs.sampled_seqs for r in rows[seq]]
+        logits = self.sampler.process(logits, flat_rows)
+        results: dict[Sequence, SeqResult] = {}
+        plain = [(seq, first) for seq, first, n in inputs.sampled_seqs if n == 1]
+        if plain:
+            index = torch.tensor([first for _, first in plain])
+            plain_rows = [rows[seq][0] for seq, _ in plain]
+            out = self.sampler.sample_processed(logits[index], plain_rows)
+            for i, (seq, _) in enumerate(plain):
+                results[seq] = SeqResult(
+                    [out.token_ids[i]],
+                    None if out.logprobs is None else [out.logprobs[i]],
+                    None if out.top_ids is None else [out.top_ids[i]],
+                    None if out.top_logprobs is None else [out.top_logprobs[i]])
+        for seq, first, n in inputs.sampled_seqs:
+            if n > 1:
+                results[seq] = self._verify(seq, logits[first:first + n], rows[seq])
+        return results
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor,
+                rows: list[SamplingRow]) -> SeqResult:
+        drafts = seq.spec_token_ids[:logits.shape[0] - 1]
+        if seq.params.greedy:
+            tokens = verify_greedy(logits, drafts)
+        else:
+            probs = self.sampler.probs(logits, rows)
+            generator = seq.generator or self.sampler.generator
+            draft_probs = seq.spec_draft_probs
+            if draft_probs is not None:
+                draft_probs = draft_probs[:len(drafts)]
+            tokens = verify_sampled(probs, drafts, draft_probs, generator)
+        picked = torch.tensor(tokens)
+        out = self.sampler.with_logprobs(SamplerOutput(tokens), logits[:len(tokens)], picked,
+                                         rows[:len(tokens)])
+        return SeqResult(tokens, out.logprobs, out.top_ids, out.top_logprobs)

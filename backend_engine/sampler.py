@@ -33,19 +33,36 @@ class Sampler:
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-        logits = logits.float()
-        logits = self._apply_bias_and_penalties(logits, rows)
-        want_logprobs = max((r.params.logprobs for r in rows if r.params.logprobs is not None),
-                            default=None)
-        logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs is not None else None
+        return self.sample_processed(self.process(logits, rows), rows)
+
+    def sample_processed(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        """Sample from logits that already went through process()."""
         tokens = self._sample(logits, rows)
-        out = SamplerOutput(tokens.tolist())
-        if logprobs is not None:
-            out.logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-            if want_logprobs > 0:
-                top = torch.topk(logprobs, want_logprobs, dim=-1)
-                out.top_ids, out.top_logprobs = top.indices.tolist(), top.values.tolist()
+        return self.with_logprobs(SamplerOutput(tokens.tolist()), logits, tokens, rows)
+
+    @staticmethod
+    def with_logprobs(out: SamplerOutput, logits: torch.Tensor, tokens: torch.Tensor,
+                      rows: list[SamplingRow]) -> SamplerOutput:
+        """Fill logprobs of the chosen tokens (and the top ones) from processed logits."""
+        want = max((r.params.logprobs for r in rows if r.params.logprobs is not None),
+                   default=None)
+        if want is None:
+            return out
+        logprobs = torch.log_softmax(logits, dim=-1)
+        out.logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        if want > 0:
+            top = torch.topk(logprobs, want, dim=-1)
+            out.top_ids, out.top_logprobs = top.indices.tolist(), top.values.tolist()
         return out
+
+    def process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Logit bias, blocked tokens and penalties (before temperature)."""
+        return self._apply_bias_and_penalties(logits.float(), rows)
+
+    def probs(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The distribution sampling draws from: temperature, then min-p, top-k, top-p."""
+        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in rows])
+        return self._filter(torch.softmax(logits / temps.unsqueeze(1), dim=-1), rows)
 
     @staticmethod
     def _apply_bias_and_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -75,9 +92,7 @@ class Sampler:
         tokens = logits.argmax(dim=-1)
         if bool(greedy.all()):
             return tokens
-        temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows])
-        probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
-        probs = self._filter(probs, rows)
+        probs = self.probs(logits, rows)
         # Exponential race (Gumbel-max in probability space): argmax(p / E), E ~ Exp(1).
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for i, row in enumerate(rows):

@@ -33,6 +33,7 @@ class Sequence:
     block_table: list[KVBlock] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)  # drafted, not yet verified
+    spec_draft_probs: Any = None  # [len(spec), V] draft-model probabilities (None: n-gram)
     parent: Sequence | None = None  # the sibling whose prompt blocks this one forks
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.monotonic)

@@ -96,4 +96,6 @@ class LlamaModel:
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        # W @ h^T rather than h @ W^T: with few rows MKL takes a slow path for the latter
+        # (measured 2-4x slower for 2-8 rows on the reference CPU), never a faster one.
+        return torch.matmul(self.lm_head, hidden.t()).t().float().contiguous()
