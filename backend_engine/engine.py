@@ -48,7 +48,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self.eos_token_ids = self._eos_ids(files.folder)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
-        self.proposer = build_proposer(config, self.tokenizer)
+        self.proposer = build_proposer(config, self.hf_config.vocab_size, self.max_model_len)
         self.spec = SpecController(config.speculative_max_batch) if self.proposer else None
 
     def _max_model_len(self, config: EngineConfig) -> int:
@@ -197,13 +197,21 @@ class LLMEngine:
             return
         if not self.spec.should_speculate(len(self.scheduler.running)):
             return
+        work = []
         for seq in self.scheduler.running:
             if seq.is_finished or seq.num_computed_tokens != seq.num_tokens - 1:
                 continue  # still prefilling
             room = min(seq.max_tokens - seq.num_output_tokens,
                        self.max_model_len - seq.num_tokens) - 1
             if room > 0 and self.spec.wants_drafts(seq.seq_id):
-                seq.spec_token_ids = self.proposer.propose(seq.token_ids, room)
+                work.append((seq, room))
+        if work:
+            self.proposer.propose_batch(work, self._draft_row)
+
+    def _draft_row(self, seq: Sequence, drafted: list[int]) -> SamplingRow:
+        """How a proposer samples the next draft, given the drafts it made so far."""
+        return SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids + drafted,
+                           seq.generator, self.outputs.blocked_tokens(seq, len(drafted)))
 
     def _sampling_rows(self, seq: Sequence) -> list[SamplingRow]:
         """One row per logits row: the last real token, then each draft (whose penalties
@@ -237,6 +245,7 @@ class LLMEngine:
         self.scheduler.finish(seq, *reason)
         if self.spec is not None:
             self.spec.forget(seq.seq_id)
+            self.proposer.release(seq.seq_id)
         seq.finish_time = now
         self.stats.finished_by_reason[reason[0]] += 1
         if seq.first_token_time is not None and seq.num_output_tokens > 1:

@@ -115,16 +115,24 @@ class ModelRunner:
 
     # -- execution -------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]],
-                rows: dict[Sequence, list[SamplingRow]]) -> dict[Sequence, SeqResult]:
-        """Run one step. rows[seq] has one SamplingRow per logits row the sequence needs: one,
-        or 1 + drafts when it carries speculative tokens to verify."""
+    def forward(self, scheduled: list[tuple[Sequence, int]]
+                ) -> tuple[StepInputs, torch.Tensor | None]:
+        """The forward pass; logits only at the rows sampling needs (None if there are none)."""
         inputs = self.prepare(scheduled)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
                                     inputs.meta)
         if not inputs.sampled_seqs:
+            return inputs, None
+        return inputs, self.model.compute_logits(hidden[inputs.sample_index])
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Sequence, int]],
+                rows: dict[Sequence, list[SamplingRow]]) -> dict[Sequence, SeqResult]:
+        """Run one step. rows[seq] has one SamplingRow per logits row the sequence needs: one,
+        or 1 + drafts when it carries speculative tokens to verify."""
+        inputs, logits = self.forward(scheduled)
+        if logits is None:
             return {}
-        logits = self.model.compute_logits(hidden[inputs.sample_index])
         flat_rows = [r for seq, _, _ in inputs.sampled_seqs for r in rows[seq]]
         logits = self.sampler.process(logits, flat_rows)
         results: dict[Sequence, SeqResult] = {}

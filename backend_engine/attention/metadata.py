@@ -28,3 +28,58 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None = None  # [num_decodes]
     decode_block_tables: torch.Tensor | None = None  # [num_decodes, max_blocks] (kernels)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    kernel: KernelMetadata | None = None  # built once per step by the Triton backend (or runner)
+
+
+@dataclass(slots=True)
+class KernelMetadata:
+    """The step's metadata as the Triton kernels read it: int32 tensors on the model's device,
+    plus the host-side maxima that size the kernel grids (so no kernel launch syncs)."""
+    device: torch.device
+    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks]
+    decode_context_lens: torch.Tensor | None  # [num_decodes]
+    max_decode_context_len: int
+    prefill_block_tables: torch.Tensor | None  # [num_prefills, max_blocks]
+    prefill_query_starts: torch.Tensor | None  # [num_prefills] first row of each chunk
+    prefill_query_lens: torch.Tensor | None  # [num_prefills]
+    prefill_context_lens: torch.Tensor | None  # [num_prefills] cached prefix + chunk
+    max_prefill_query_len: int
+
+
+def _int32(values, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=torch.int32).to(device, non_blocking=True)
+
+
+def _padded_tables(tables: list[torch.Tensor]) -> torch.Tensor:
+    out = torch.zeros(len(tables), max(len(t) for t in tables), dtype=torch.int32)
+    for i, table in enumerate(tables):
+        out[i, :len(table)] = table
+    return out
+
+
+def build_kernel_metadata(meta: AttentionMetadata, block_size: int,
+                          device: torch.device | str) -> KernelMetadata:
+    """Derive the kernels' view of a step from the fields the torch path uses. A chunk's block
+    table is the block of every block_size-th context slot (slots run block_id * block_size +
+    offset), so a runner that fills AttentionMetadata needs to know nothing about kernels."""
+    device = torch.device(device)
+    decode_tables = decode_lens = None
+    max_decode = 0
+    if meta.num_decode_tokens:
+        if meta.decode_block_tables is None or meta.decode_context_lens is None:
+            raise ValueError("decode steps need decode_block_tables and decode_context_lens")
+        decode_tables = _int32(meta.decode_block_tables, device)
+        decode_lens = _int32(meta.decode_context_lens, device)
+        max_decode = int(meta.decode_context_lens.max())
+    tables = starts = lens = contexts = None
+    max_query = 0
+    if meta.prefills:
+        chunks = meta.prefills
+        tables = _padded_tables([c.context_slots[::block_size].cpu() // block_size
+                                 for c in chunks]).to(device, non_blocking=True)
+        starts = _int32([c.query_start for c in chunks], device)
+        lens = _int32([c.query_len for c in chunks], device)
+        contexts = _int32([c.context_len for c in chunks], device)
+        max_query = max(c.query_len for c in chunks)
+    return KernelMetadata(device, decode_tables, decode_lens, max_decode, tables, starts, lens,
+                          contexts, max_query)

@@ -7,6 +7,7 @@ only 4-byte-aligned hits."""
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 
 
 class NgramProposer:
@@ -35,3 +36,11 @@ class NgramProposer:
                     return list(token_ids[start:start + k])
                 end = at + 4 * n - 1
         return []
+
+    def propose_batch(self, work: list[tuple[object, int]], rows_for: Callable) -> None:
+        """Set spec_token_ids on each (sequence, room) pair."""
+        for seq, room in work:
+            seq.spec_token_ids = self.propose(seq.token_ids, room)
+
+    def release(self, seq_id: str) -> None:
+        """The n-gram proposer keeps no per-sequence state."""

@@ -109,3 +109,72 @@ def test_rejections_and_aborts_leak_no_blocks():
         engine.step()
     assert engine.spec.stats.drafted_tokens > engine.spec.stats.accepted_tokens  # rejections
     assert_no_leaks(engine)
+
+
+def test_greedy_output_identical_with_a_draft_model(default_llm):
+    prompts = PROMPTS[:2]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    reference = [o.outputs[0].token_ids for o in default_llm.generate(prompts, params)]
+    # the target itself as draft (every draft accepted) and a tiny random draft (most rejected)
+    for draft in ("default", "tiny-random"):
+        spec = LLM("default", num_kv_blocks=256, speculative_method="draft", draft_model=draft,
+                   num_speculative_tokens=3)
+        assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == reference
+        stats = spec.engine.spec.stats
+        assert stats.drafted_tokens > 0
+        if draft == "default":
+            assert stats.accepted_tokens == stats.drafted_tokens
+        assert_no_leaks(spec.engine)
+        assert spec.engine.proposer.pool.num_free_blocks == spec.engine.proposer.pool.num_blocks
+
+
+def _perturbed_copy(model: str, folder, noise: float) -> str:
+    """A draft that agrees with the target often but not always: its weights plus noise."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from backend_engine.model_loader import resolve_model
+
+    source = resolve_model(model).folder
+    shutil.copytree(source, folder)
+    weights = load_file(str(source / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    save_file({k: v + noise * torch.randn(v.shape, generator=g) for k, v in weights.items()},
+              str(folder / "model.safetensors"))
+    return str(folder)
+
+
+def test_sampled_tokens_keep_their_distribution_with_a_different_draft_model(tiny_llm, tmp_path):
+    prompt = [21, 22, 23, 24, 25]
+    draft = _perturbed_copy("tiny-random", tmp_path / "draft", noise=0.01)  # ~40 % accepted
+    params = [SamplingParams(temperature=1.0, top_k=4, max_tokens=3, seed=s, ignore_eos=True)
+              for s in range(600)]
+    spec = LLM("tiny-random", num_kv_blocks=1024, speculative_method="draft",
+               draft_model=draft, num_speculative_tokens=2,
+               speculative_max_batch=1000, max_num_seqs=128)
+    # the second token is the first one decided by verifying a draft
+    plain = [o.outputs[0].token_ids[1] for o in tiny_llm.generate([prompt] * 600, params)]
+    specd = [o.outputs[0].token_ids[1] for o in spec.generate([prompt] * 600, params)]
+    stats = spec.engine.spec.stats
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens  # both branches exercised
+    chi2, dof = _two_sample_chi2(collections.Counter(plain), collections.Counter(specd))
+    assert dof >= 2 and chi2 < CHI2_CRIT.get(dof, 3 * dof), (chi2, dof)
+    assert_no_leaks(spec.engine)
+
+
+def test_draft_model_with_another_vocabulary_is_refused(tmp_path):
+    import json
+
+    from backend_engine.errors import ModelLoadError
+    from backend_engine.model_loader import resolve_model
+
+    folder = resolve_model("tiny-random").folder
+    other = tmp_path / "other"
+    other.mkdir()
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 1000
+    (other / "config.json").write_text(json.dumps(config))
+    (other / "model.safetensors").symlink_to(folder / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="vocabulary"):
+        LLM("tiny-random", speculative_method="draft", draft_model=str(other))
