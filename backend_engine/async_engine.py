@@ -61,6 +61,11 @@ class AsyncLLMEngine:
     def stats(self):
         return self.engine.stats
 
+    @property
+    def spec_stats(self):
+        """Speculative decoding counters, or None when speculation is off."""
+        return self.engine.spec.stats if self.engine.spec is not None else None
+
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     chat_template_kwargs: dict | None = None, tools: list[dict] | None = None,
                     continue_final_message: bool = False) -> list[int]:
@@ -168,7 +173,9 @@ class AsyncLLMEngine:
                     self._deliver(request_id, exc)
             else:
                 out = self.engine.abort_request(cmd[1])
-                changed = changed or out is not None
+                if out is not None:  # ends the caller's stream with finish_reason "abort"
+                    self._deliver(cmd[1], out)
+                    changed = True
         self._load = self.engine.load()
         if changed:
             self._notify_event_waiters()
@@ -197,6 +204,10 @@ class AsyncLLMEngine:
         return {"seq": seq, "block_size": self.block_size,
                 "namespace_rule": NAMESPACE_RULE, "model": self.model_id,
                 "blocks": self.engine.pool.cached_hashes(), "load": self.load()}
+
+    @property
+    def kv_event_seq(self) -> int:
+        return self.engine.pool.event_seq
 
     def kv_events_since(self, seq: int) -> list[dict] | None:
         events = self.engine.pool.events_since(seq)

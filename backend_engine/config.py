@@ -26,10 +26,10 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     speculative_method: str | None = None  # None | "ngram" | "draft"
     num_speculative_tokens: int = 4
-    ngram_min: int = 1  # shortest suffix the n-gram proposer looks up
+    ngram_min: int = 2  # shortest suffix the n-gram proposer looks up (1 drafts too often)
     ngram_max: int = 4  # longest suffix tried first
     draft_model: str | None = None  # for "draft": any model sharing the target's tokenizer
-    speculative_max_batch: int = 8  # speculate only while this many sequences or fewer run
+    speculative_max_batch: int = 4  # speculate only while this many sequences or fewer run
 
     def validate(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

@@ -93,6 +93,10 @@ class LLMEngine:
         if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt_token_ids):
             raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})",
                                       param="prompt", code="invalid_value")
+        bad_bias = [t for t in (params.logit_bias or {}) if not 0 <= int(t) < vocab]
+        if bad_bias:
+            raise InvalidRequestError(f"logit_bias has token ids outside [0, {vocab}): "
+                                      f"{bad_bias[:5]}", param="logit_bias", code="invalid_value")
         room = self.max_model_len - n
         if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
             asked = n + (params.max_tokens or 1)

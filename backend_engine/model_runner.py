@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from backend_engine.attention.backend import get_attention_backend
-from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
+from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
+                                               build_kernel_metadata)
 from backend_engine.config import EngineConfig
 from backend_engine.model_loader import load_state_dict
 from backend_engine.models.llama import LlamaModel
@@ -96,8 +97,23 @@ class ModelRunner:
             meta.prefills.append(PrefillChunk(
                 offset, n, ctx, torch.tensor(self._slots(seq, 0, ctx), dtype=torch.long)))
             offset += n
-        return StepInputs(torch.tensor(input_ids, dtype=torch.long),
-                          torch.tensor(positions, dtype=torch.long), meta, sample_index, sampled)
+        if self.device.type != "cpu":
+            self._move_to_device(meta)
+        return StepInputs(torch.tensor(input_ids, dtype=torch.long).to(self.device),
+                          torch.tensor(positions, dtype=torch.long).to(self.device), meta,
+                          sample_index, sampled)
+
+    def _move_to_device(self, meta: AttentionMetadata) -> None:
+        if self.attention.name == "triton":  # int32 tables on the device, built once per step
+            meta.kernel = build_kernel_metadata(meta, self.block_size, self.device)
+        else:
+            for name in ("decode_context_slots", "decode_mask"):
+                value = getattr(meta, name)
+                if value is not None:
+                    setattr(meta, name, value.to(self.device, non_blocking=True))
+            for chunk in meta.prefills:
+                chunk.context_slots = chunk.context_slots.to(self.device, non_blocking=True)
+        meta.slot_mapping = meta.slot_mapping.to(self.device, non_blocking=True)
 
     def _decode_metadata(self, meta: AttentionMetadata, seqs: list[Sequence]) -> None:
         bs = self.block_size
@@ -123,7 +139,8 @@ class ModelRunner:
                                     inputs.meta)
         if not inputs.sampled_seqs:
             return inputs, None
-        return inputs, self.model.compute_logits(hidden[inputs.sample_index])
+        # sampling runs on the host (per-request CPU generators make seeds reproducible)
+        return inputs, self.model.compute_logits(hidden[inputs.sample_index]).cpu()
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]],

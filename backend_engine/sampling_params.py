@@ -74,5 +74,7 @@ class SamplingParams:
             for token, bias in self.logit_bias.items():
                 if not -100.0 <= float(bias) <= 100.0:
                     raise bad(f"logit_bias for token {token} must be in [-100, 100]", "logit_bias")
+        if self.seed is not None and not 0 <= self.seed < 2**63 - MAX_N:
+            raise bad("seed must be in [0, 2**63 - 129)", "seed")
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids must be non-negative", "stop_token_ids")

@@ -1,0 +1,1 @@
+"""The replica's OpenAI-compatible HTTP server over the async engine (see docs/server.md)."""

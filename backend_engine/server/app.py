@@ -1,0 +1,51 @@
+"""The replica's FastAPI app: OpenAI endpoints, tokenizer endpoints, health, metrics and the KV
+event surface over one AsyncLLMEngine. `create_app` takes a factory so the model loads in the
+background while /health already answers 503."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+
+from backend_engine.server import chat, completions, kv_routes, model_routes, ops_routes, tokenize_routes
+from backend_engine.server.metrics import HTTPMetricsMiddleware, ServerMetrics
+from backend_engine.server.settings import ServerSettings
+from backend_engine.server.state import ServerState
+from kvgate.protocol.http import BodySizeLimitMiddleware, install_error_handlers
+
+if TYPE_CHECKING:
+    from backend_engine.async_engine import AsyncLLMEngine
+
+
+def create_app(settings: ServerSettings, engine_factory: Callable[[], "AsyncLLMEngine"]) -> FastAPI:
+    state = ServerState(settings)
+    metrics = ServerMetrics(state)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(state.load(engine_factory))
+        draining_metrics = asyncio.create_task(metrics.drain_forever())
+        try:
+            yield
+        finally:
+            if state.phase not in ("stopped", "failed"):
+                state.stop()
+            draining_metrics.cancel()
+            await asyncio.gather(loading, return_exceptions=True)
+            if state.engine is not None:
+                await state.engine.shutdown()
+
+    app = FastAPI(title="kvgate replica", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = state
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    for module in (chat, completions, model_routes, tokenize_routes, ops_routes, kv_routes):
+        app.include_router(module.router)
+    # Outermost first: count every response, then refuse oversized bodies before anything reads them.
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(HTTPMetricsMiddleware, metrics=metrics)
+    return app

@@ -1,0 +1,146 @@
+"""Prometheus metrics, names prefixed `kvgate_`, base units (tokens, seconds, ratios).
+
+Counters and gauges are read from the engine at scrape time (no double bookkeeping); latency
+histograms are fed from the engine's observations, drained at scrape time and every second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from backend_engine.server.state import ServerState
+
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0)
+
+_ENGINE_COUNTERS = (
+    ("prefix_cache_queries", "kvgate_prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache."),
+    ("prefix_cache_hits", "kvgate_prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache."),
+    ("preemptions", "kvgate_num_preemptions", "Requests preempted for lack of KV blocks."),
+    ("prompt_tokens", "kvgate_prompt_tokens", "Prompt tokens processed."),
+    ("generation_tokens", "kvgate_generation_tokens", "Tokens generated."),
+)
+_SPEC_COUNTERS = (
+    ("drafted_tokens", "kvgate_spec_decode_draft_tokens", "Speculative tokens proposed."),
+    ("accepted_tokens", "kvgate_spec_decode_accepted_tokens", "Speculative tokens accepted."),
+    ("emitted_tokens", "kvgate_spec_decode_emitted_tokens",
+     "Tokens emitted by verification steps (accepted drafts plus one bonus token each)."),
+    ("verifications", "kvgate_spec_decode_verifications", "Sequence-steps that verified drafts."),
+)
+
+_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
+           "/metrics", "/kv/snapshot", "/kv/events"}
+
+
+class _EngineCollector(Collector):
+    def __init__(self, state: "ServerState"):
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.state.engine
+        up = GaugeMetricFamily("kvgate_engine_ready", "1 when the replica accepts requests.")
+        up.add_metric([], 1.0 if self.state.phase == "ready" else 0.0)
+        yield up
+        if engine is None:
+            return
+        stats = engine.stats
+        for attr, name, doc in _ENGINE_COUNTERS:
+            if hasattr(stats, attr):
+                yield CounterMetricFamily(name, doc, value=float(getattr(stats, attr)))
+        yield from _spec_metrics(getattr(engine, "spec_stats", None))
+        outcomes = CounterMetricFamily("kvgate_request_success", "Finished requests by finish reason.",
+                                       labels=["finished_reason"])
+        for reason, count in sorted(getattr(stats, "finished_by_reason", {}).items()):
+            outcomes.add_metric([reason], float(count))
+        yield outcomes
+        load = engine.load()
+        for key, name, doc in (
+            ("running", "kvgate_num_requests_running", "Requests in the running batch."),
+            ("waiting", "kvgate_num_requests_waiting", "Requests waiting to be scheduled."),
+            ("kv_usage", "kvgate_kv_cache_usage_ratio", "Fraction of KV blocks held by requests (0-1)."),
+            ("pending_prefill_tokens", "kvgate_pending_prefill_tokens", "Prompt tokens not yet prefilled."),
+            ("num_free_blocks", "kvgate_kv_cache_free_blocks", "KV blocks not held by a running request."),
+            ("num_total_blocks", "kvgate_kv_cache_total_blocks", "KV blocks in the pool."),
+        ):
+            if key in load:
+                yield GaugeMetricFamily(name, doc, value=float(load[key]))
+
+
+def _spec_metrics(spec) -> Iterator[Metric]:
+    if spec is None:
+        return
+    for attr, name, doc in _SPEC_COUNTERS:
+        yield CounterMetricFamily(name, doc, value=float(getattr(spec, attr)))
+    yield GaugeMetricFamily("kvgate_spec_decode_acceptance_ratio",
+                            "Accepted over drafted speculative tokens (0-1).",
+                            value=spec.acceptance_rate)
+    yield GaugeMetricFamily("kvgate_spec_decode_mean_accepted_length",
+                            "Mean accepted drafts per verification.",
+                            value=spec.mean_accepted_length)
+
+
+class ServerMetrics:
+    """One registry per app (several apps may share a process in tests)."""
+
+    def __init__(self, state: "ServerState"):
+        self.state = state
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(state))
+        r = self.registry
+        self.ttft = Histogram("kvgate_time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("kvgate_time_per_output_token_seconds", "Time per output token after the first.",
+                              buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("kvgate_e2e_request_latency_seconds", "Request latency, arrival to finish.",
+                             buckets=E2E_BUCKETS, registry=r)
+        self.http = Counter("kvgate_http_requests", "HTTP requests by route and status code.",
+                            ["route", "status_code"], registry=r)
+
+    def drain_engine_observations(self) -> None:
+        engine = self.state.engine
+        if engine is None:
+            return
+        observed = engine.drain_observations()
+        for key, histogram in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e)):
+            for value in observed.get(key, ()):
+                histogram.observe(value)
+
+    def render(self) -> bytes:
+        self.drain_engine_observations()
+        return generate_latest(self.registry)
+
+    async def drain_forever(self, interval_s: float = 1.0) -> None:
+        """Keeps the engine's observation lists short when nobody scrapes."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.drain_engine_observations()
+
+
+class HTTPMetricsMiddleware:
+    """Counts responses by route and status code (a 200 stream counts when its headers go out)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        route = path if path in _ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.http.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

@@ -1,0 +1,151 @@
+"""The request flow both generation endpoints share: admit, start the engine requests, then
+either stream or wait for the final outputs — aborting the moment the client leaves."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from starlette.requests import Request
+
+from backend_engine.errors import EngineDeadError, EngineError
+from backend_engine.outputs import RequestOutput
+from backend_engine.sampling_params import SamplingParams
+from backend_engine.server.generation import (
+    ClientDisconnected,
+    RequestAborted,
+    Started,
+    close_all,
+    final_outputs,
+    start_generations,
+    unless_disconnected,
+)
+from backend_engine.server.sampling import engine_error_to_api
+from backend_engine.server.state import ServerState
+from kvgate.protocol.errors import APIError, service_unavailable
+from kvgate.protocol.sse import DONE, EventStreamResponse, sse_error
+
+logger = logging.getLogger(__name__)
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,256}$")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("kvgate")
+    except importlib.metadata.PackageNotFoundError:
+        return "dev"
+
+
+SYSTEM_FINGERPRINT = f"fp_kvgate_{_version()}"
+CLIENT_CLOSED_REQUEST = 499  # nginx's code; the client never sees it
+
+
+@dataclass(slots=True)
+class ResponseMeta:
+    """What every response object and chunk of one request repeats."""
+
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str = SYSTEM_FINGERPRINT
+
+    @classmethod
+    def new(cls, prefix: str, model: str, client_request_id: str | None) -> "ResponseMeta":
+        ok = client_request_id is not None and _SAFE_ID.match(client_request_id)
+        suffix = client_request_id if ok else secrets.token_hex(16)
+        return cls(id=f"{prefix}-{suffix}", created=int(time.time()), model=model)
+
+
+def aborted_error() -> APIError:
+    return service_unavailable("The request was aborted because this replica is shutting down.", 1, "server_shutting_down")
+
+
+def raise_if_aborted(outputs: list[RequestOutput]) -> None:
+    if any(c.finish_reason == "abort" for out in outputs for c in out.outputs):
+        raise aborted_error()
+
+
+StreamRenderer = Callable[[list[Started]], AsyncIterator[bytes]]
+FinalRenderer = Callable[[list[RequestOutput]], BaseModel]
+
+
+async def serve_generation(
+    request: Request,
+    state: ServerState,
+    meta: ResponseMeta,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    cache_salt: str | None,
+    stream: bool,
+    render_stream: StreamRenderer,
+    render_final: FinalRenderer,
+) -> Response:
+    engine = state.ready_engine()
+    # Engine ids stay unique even when clients reuse their own request_id.
+    request_ids = [f"{meta.id}-{secrets.token_hex(4)}" for _ in prompts]
+    headers = {"x-request-id": meta.id}
+    for rid in request_ids:
+        state.admit(rid)
+
+    def release() -> None:
+        for rid in request_ids:
+            state.release(rid)
+
+    try:
+        starting = start_generations(engine, prompts, params, request_ids, cache_salt, state.abort_in_flight)
+        started = await unless_disconnected(request, starting)
+    except ClientDisconnected:
+        release()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except BaseException as exc:
+        release()
+        if isinstance(exc, Exception):
+            raise _to_api_error(state, exc) from None
+        raise
+
+    if stream:
+
+        async def on_close() -> None:
+            await close_all(started)
+            release()
+
+        return EventStreamResponse(_guarded(render_stream(started), state), headers=headers, on_close=on_close)
+
+    try:
+        finals = await unless_disconnected(request, final_outputs(started))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except Exception as exc:
+        raise _to_api_error(state, exc) from None
+    finally:
+        await close_all(started)
+        release()
+    raise_if_aborted(finals)
+    return JSONResponse(render_final(finals).model_dump(mode="json"), headers=headers)
+
+
+async def _guarded(body: AsyncIterator[bytes], state: ServerState) -> AsyncIterator[bytes]:
+    """After the headers went out an error is one `data: {"error": …}` event, then `[DONE]`."""
+    try:
+        async for chunk in body:
+            yield chunk
+    except Exception as exc:
+        yield sse_error(_to_api_error(state, exc))
+        yield DONE
+
+
+def _to_api_error(state: ServerState, exc: Exception) -> APIError:
+    if isinstance(exc, RequestAborted):
+        return aborted_error()
+    if isinstance(exc, EngineDeadError):
+        state.mark_dead(str(exc) or "engine loop died")
+    if not isinstance(exc, (APIError, EngineError)):
+        logger.exception("generation failed", exc_info=exc)
+    return engine_error_to_api(exc, state.settings.retry_after_s)

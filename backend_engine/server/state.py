@@ -1,0 +1,115 @@
+"""The server's life cycle (loading → ready → draining → stopped) and its in-flight requests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from backend_engine.errors import ModelLoadError
+from kvgate.protocol.errors import model_not_found, service_unavailable
+
+if TYPE_CHECKING:
+    from backend_engine.async_engine import AsyncLLMEngine
+    from backend_engine.server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+LOADING, READY, DRAINING, STOPPED, FAILED = "loading", "ready", "draining", "stopped", "failed"
+
+
+class ServerState:
+    def __init__(self, settings: "ServerSettings"):
+        self.settings = settings
+        self.phase = LOADING
+        self.engine: "AsyncLLMEngine | None" = None
+        self.failure: str | None = None
+        self.created = int(time.time())
+        self.in_flight: dict[str, float] = {}  # engine request id → arrival time
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.abort_in_flight = asyncio.Event()  # set when a drain's grace period is over
+
+    async def load(self, engine_factory: Callable[[], "AsyncLLMEngine"]) -> None:
+        """Build the engine in a worker thread (so /health answers 503 meanwhile), then start it."""
+        try:
+            engine = await asyncio.to_thread(engine_factory)
+            await engine.start()
+        except Exception as exc:  # the reason goes to the log and to /health
+            if isinstance(exc, ModelLoadError):
+                logger.error("model failed to load: %s", exc)
+            else:
+                logger.exception("model failed to load")
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self.phase = FAILED
+            return
+        self.engine = engine
+        if self.phase == LOADING:
+            self.phase = READY
+        logger.info("engine ready: model %s, max_model_len %d", engine.model_id, engine.max_model_len)
+
+    @property
+    def served_model_names(self) -> list[str]:
+        if self.settings.served_model_names:
+            return list(self.settings.served_model_names)
+        return [self.engine.model_id] if self.engine is not None else []
+
+    def ready_engine(self) -> "AsyncLLMEngine":
+        """The engine, if new requests are accepted now; else the 503 that says why not."""
+        retry = self.settings.retry_after_s
+        if self.phase == READY and self.engine is not None:
+            return self.engine
+        if self.phase == LOADING:
+            raise service_unavailable("The model is still loading; retry shortly.", retry, "model_loading")
+        if self.phase in (DRAINING, STOPPED):
+            raise service_unavailable("This replica is shutting down.", retry, "server_shutting_down")
+        raise service_unavailable("The engine is not available.", None, "engine_unavailable")
+
+    def check_model(self, model: str | None) -> str:
+        """The served name to answer with; 404 model_not_found for a name we do not serve."""
+        names = self.served_model_names
+        if model is None or model == "":
+            return names[0]
+        if model not in names:
+            raise model_not_found(model)
+        return model
+
+    def mark_dead(self, reason: str) -> None:
+        self.failure = reason
+        self.phase = FAILED
+
+    # ---- in-flight tracking and draining ----------------------------------------------------
+
+    def admit(self, request_id: str) -> None:
+        self.in_flight[request_id] = time.monotonic()
+        self._idle.clear()
+
+    def release(self, request_id: str) -> None:
+        self.in_flight.pop(request_id, None)
+        if not self.in_flight:
+            self._idle.set()
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new work, let in-flight requests finish for up to `grace_s`, abort the rest."""
+        if self.phase in (DRAINING, STOPPED):
+            return
+        self.phase = DRAINING
+        logger.info("draining: %d request(s) in flight, grace %.1fs", len(self.in_flight), grace_s)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
+        except asyncio.TimeoutError:
+            logger.warning("grace period over: aborting %d request(s)", len(self.in_flight))
+            self.abort_in_flight.set()  # running requests end at their next output
+            if self.engine is not None:  # and queued ones, which produce none
+                for request_id in list(self.in_flight):
+                    await self.engine.abort(request_id)
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout=5.0)
+            except asyncio.TimeoutError:
+                pass
+        self.stop()
+
+    def stop(self) -> None:
+        self.phase = STOPPED

@@ -1,0 +1,95 @@
+"""The GPU check: kernel tests run natively, decode-attention bandwidth vs peak, engine vs
+transformers throughput. Each stage runs in its own process under a share of one deadline, so
+a hang or a crash in one still leaves the others' figures. Ends with one JSON line:
+{"decode_attn_bw_fraction": …, "engine_vs_hf": …, "kernel_tests_passed": …, …}.
+Run it through benchmarks/gpu_check.sh."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGE_SECONDS = {"kernels": 170, "bandwidth": 60, "engine": 170}
+
+
+def _run(args: list[str], seconds: float) -> tuple[int | None, str]:
+    """(exit code or None on timeout, combined output tail)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
+    try:
+        done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=max(seconds, 1))
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"")[-2000:]
+        return None, out.decode(errors="replace") if isinstance(out, bytes) else out
+    return done.returncode, (done.stdout + done.stderr)[-4000:]
+
+
+def _last_json(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def kernel_tests(seconds: float) -> dict:
+    report = Path(tempfile.mkdtemp()) / "kernels.xml"
+    code, tail = _run([sys.executable, "-m", "pytest", "tests/backend_engine/kernels", "-q",
+                       "-p", "no:cacheprovider", f"--junitxml={report}"], seconds)
+    if not report.is_file():
+        reason = "timed out" if code is None else f"pytest exited {code}"
+        return {"kernel_tests_passed": False, "kernel_tests_error": f"{reason}: {tail[-800:]}"}
+    suites = ET.parse(report).getroot()
+    suite = suites if suites.tag == "testsuite" else suites.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    failed = [c.get("name") for c in suite.iter("testcase")
+              if c.find("failure") is not None or c.find("error") is not None]
+    return {"kernel_tests_passed": code == 0 and passed > 0,
+            "kernel_tests": f"{passed} passed, {counts['failures'] + counts['errors']} failed, "
+                            f"{counts['skipped']} skipped", "kernel_tests_failed": failed[:20]}
+
+
+def json_stage(module: str, seconds: float, key: str) -> dict:
+    code, tail = _run([sys.executable, "-m", module], seconds)
+    found = _last_json(tail) if code == 0 else None
+    if found is None:
+        reason = "timed out" if code is None else f"exited {code}"
+        return {key: None, f"{module.rsplit('.', 1)[-1]}_error": f"{reason}: {tail[-800:]}"}
+    return found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds for all stages")
+    args = ap.parse_args()
+    deadline = time.monotonic() + args.budget
+    result: dict = {}
+
+    def share(stage: str) -> float:
+        return min(STAGE_SECONDS[stage], deadline - time.monotonic())
+
+    # Figures first (short, they fit however the tests go), tests last with what is left.
+    bandwidth = json_stage("benchmarks.decode_bandwidth", share("bandwidth"),
+                           "decode_attn_bw_fraction")
+    engine = json_stage("benchmarks.gpu_engine_vs_hf", share("engine"), "engine_vs_hf")
+    kernels = kernel_tests(max(deadline - time.monotonic(), 30))
+    result["decode_attn_bw_fraction"] = bandwidth.pop("decode_attn_bw_fraction", None)
+    result["engine_vs_hf"] = engine.pop("engine_vs_hf", None)
+    result["kernel_tests_passed"] = kernels.pop("kernel_tests_passed")
+    result.update(kernels, bandwidth=bandwidth, engine=engine)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

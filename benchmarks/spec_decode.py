@@ -1,0 +1,110 @@
+"""Speculative decoding (n-gram / prompt lookup) vs none, on the default model.
+
+Workloads: input-grounded (repeat or lightly edit a given text, so the output copies spans of
+the prompt) and open-ended chat; at concurrency 1 (requests one after another) and 16 (all at
+once). Greedy, so both runs produce the same tokens and wall time compares directly.
+A draft-model comparison needs a smaller model sharing SmolLM2's tokenizer; none ships with
+kvgate, so it runs only with --draft-model PATH. Ends with one line of JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from backend_engine.chat import render_chat
+from backend_engine.llm import LLM
+from backend_engine.sampling_params import SamplingParams
+
+PASSAGES = [
+    "The harbour town woke slowly. Fishing boats came back before sunrise, gulls followed them "
+    "in wide circles, and the market stalls opened one by one along the stone quay.",
+    "To reset the router, hold the small button on the back for ten seconds until the light "
+    "turns orange, then wait two minutes and connect again using the password on the label.",
+    "Our quarterly report shows revenue grew by twelve percent, mostly from the new subscription "
+    "plan, while costs stayed flat because the data centre move finished on schedule.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen. It happens in "
+    "the chloroplasts of plant cells, where chlorophyll absorbs mostly red and blue light.",
+]
+TASKS = ["Repeat the following text exactly, word for word:\n\n{}",
+         "Copy this text and put it in quotation marks:\n\n{}",
+         "Rewrite this text with every sentence on its own line, changing nothing else:\n\n{}",
+         "Repeat the text below twice:\n\n{}"]
+QUESTIONS = ["What are three good habits for learning a new language?",
+             "Write a short story about a robot who wants to paint.",
+             "Explain why the sky is blue to a ten-year-old.",
+             "Give me ideas for a birthday party in the park."]
+
+
+def conversations(kind: str, count: int) -> list[list[dict]]:
+    if kind == "grounded":
+        texts = [TASKS[i % len(TASKS)].format(PASSAGES[i % len(PASSAGES)]) for i in range(count)]
+    else:
+        texts = [QUESTIONS[i % len(QUESTIONS)] for i in range(count)]
+    return [[{"role": "user", "content": t}] for t in texts]
+
+
+def timed(llm: LLM, prompts: list[list[int]], concurrency: int, params) -> float:
+    start = time.perf_counter()
+    for i in range(0, len(prompts), concurrency):
+        llm.generate(prompts[i:i + concurrency], params)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--k", type=int, default=4, help="speculative tokens per step")
+    ap.add_argument("--c1-requests", type=int, default=4)
+    ap.add_argument("--draft-model", default=None)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="alternate the engines this many times and keep each one's best time "
+                         "(the machine is shared: one slow round should not decide)")
+    args = ap.parse_args()
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    engines = {"off": LLM("default", num_kv_blocks=1024, max_num_seqs=16),
+               "ngram": LLM("default", num_kv_blocks=1024, max_num_seqs=16,
+                            speculative_method="ngram", num_speculative_tokens=args.k)}
+    if args.draft_model:
+        engines["draft"] = LLM("default", num_kv_blocks=1024, max_num_seqs=16,
+                               speculative_method="draft", draft_model=args.draft_model,
+                               num_speculative_tokens=args.k)
+    tok = engines["off"].tokenizer
+    for llm in engines.values():  # warm-up
+        llm.generate("Hello", SamplingParams(max_tokens=4))
+    result: dict[str, float] = {}
+    for kind in ("grounded", "chat"):
+        for concurrency in (1, 16):
+            count = args.c1_requests if concurrency == 1 else 16
+            prompts = [render_chat(tok, c) for c in conversations(kind, count)]
+            times = {}
+            for name, llm in engines.items():
+                before = llm.engine.spec.stats.accepted_tokens if llm.engine.spec else 0
+                drafted_before = llm.engine.spec.stats.drafted_tokens if llm.engine.spec else 0
+                times[name] = timed(llm, prompts, concurrency, params)
+            for _ in range(args.rounds - 1):
+                for name, llm in engines.items():
+                    times[name] = min(times[name], timed(llm, prompts, concurrency, params))
+                if llm.engine.spec:
+                    s = llm.engine.spec.stats
+                    drafted = s.drafted_tokens - drafted_before
+                    rate = (s.accepted_tokens - before) / drafted if drafted else 0.0
+                    print(f"{kind:8s} c{concurrency:<2d} {name:5s} {times[name]:6.1f}s  "
+                          f"drafted {drafted:5d}  acceptance {rate:.2f}")
+                    if name == "ngram" and kind == "grounded" and concurrency == 1:
+                        result["acceptance_grounded"] = round(rate, 3)
+                else:
+                    print(f"{kind:8s} c{concurrency:<2d} {name:5s} {times[name]:6.1f}s")
+            for name in engines:
+                if name != "off":
+                    key = f"{kind}_speedup_c{concurrency}" + ("" if name == "ngram" else "_draft")
+                    result[key] = round(times["off"] / times[name], 3)
+    ordered = {k: result[k] for k in ("grounded_speedup_c1", "chat_speedup_c1",
+                                      "grounded_speedup_c16", "acceptance_grounded")}
+    ordered.update({k: v for k, v in result.items() if k not in ordered})
+    print(json.dumps(ordered))
+
+
+if __name__ == "__main__":
+    main()
