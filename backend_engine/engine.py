@@ -207,8 +207,9 @@ class LLMEngine:
                 continue  # still prefilling
             room = min(seq.max_tokens - seq.num_output_tokens,
                        self.max_model_len - seq.num_tokens) - 1
-            if room > 0 and self.spec.wants_drafts(seq.seq_id):
-                work.append((seq, room))
+            budget = self.spec.draft_budget(seq.seq_id, self.config.num_speculative_tokens)
+            if room > 0 and budget > 0:
+                work.append((seq, min(room, budget)))
         if work:
             self.proposer.propose_batch(work, self._draft_row)
 

@@ -58,18 +58,20 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="speculative tokens per step")
     ap.add_argument("--c1-requests", type=int, default=4)
     ap.add_argument("--draft-model", default=None)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=2,
                     help="alternate the engines this many times and keep each one's best time "
                          "(the machine is shared: one slow round should not decide)")
     args = ap.parse_args()
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    engines = {"off": LLM("default", num_kv_blocks=1024, max_num_seqs=16),
-               "ngram": LLM("default", num_kv_blocks=1024, max_num_seqs=16,
-                            speculative_method="ngram", num_speculative_tokens=args.k)}
+    common = dict(num_kv_blocks=1024, max_num_seqs=16, dtype=args.dtype)
+    engines = {"off": LLM("default", **common),
+               "ngram": LLM("default", speculative_method="ngram",
+                            num_speculative_tokens=args.k, **common)}
     if args.draft_model:
-        engines["draft"] = LLM("default", num_kv_blocks=1024, max_num_seqs=16,
-                               speculative_method="draft", draft_model=args.draft_model,
-                               num_speculative_tokens=args.k)
+        engines["draft"] = LLM("default", speculative_method="draft",
+                               draft_model=args.draft_model, num_speculative_tokens=args.k,
+                               **common)
     tok = engines["off"].tokenizer
     for llm in engines.values():  # warm-up
         llm.generate("Hello", SamplingParams(max_tokens=4))
@@ -78,24 +80,24 @@ def main() -> None:
         for concurrency in (1, 16):
             count = args.c1_requests if concurrency == 1 else 16
             prompts = [render_chat(tok, c) for c in conversations(kind, count)]
-            times = {}
-            for name, llm in engines.items():
-                before = llm.engine.spec.stats.accepted_tokens if llm.engine.spec else 0
-                drafted_before = llm.engine.spec.stats.drafted_tokens if llm.engine.spec else 0
-                times[name] = timed(llm, prompts, concurrency, params)
-            for _ in range(args.rounds - 1):
+            times: dict[str, float] = {}
+            drafted = dict.fromkeys(engines, 0)
+            accepted = dict.fromkeys(engines, 0)
+            for _ in range(args.rounds):
                 for name, llm in engines.items():
-                    times[name] = min(times[name], timed(llm, prompts, concurrency, params))
-                if llm.engine.spec:
-                    s = llm.engine.spec.stats
-                    drafted = s.drafted_tokens - drafted_before
-                    rate = (s.accepted_tokens - before) / drafted if drafted else 0.0
-                    print(f"{kind:8s} c{concurrency:<2d} {name:5s} {times[name]:6.1f}s  "
-                          f"drafted {drafted:5d}  acceptance {rate:.2f}")
-                    if name == "ngram" and kind == "grounded" and concurrency == 1:
-                        result["acceptance_grounded"] = round(rate, 3)
-                else:
-                    print(f"{kind:8s} c{concurrency:<2d} {name:5s} {times[name]:6.1f}s")
+                    spec = llm.engine.spec.stats if llm.engine.spec else None
+                    d0, a0 = (spec.drafted_tokens, spec.accepted_tokens) if spec else (0, 0)
+                    elapsed = timed(llm, prompts, concurrency, params)
+                    times[name] = min(times.get(name, elapsed), elapsed)
+                    if spec:
+                        drafted[name] += spec.drafted_tokens - d0
+                        accepted[name] += spec.accepted_tokens - a0
+            for name in engines:
+                rate = accepted[name] / drafted[name] if drafted[name] else 0.0
+                print(f"{kind:8s} c{concurrency:<2d} {name:5s} {times[name]:6.1f}s  "
+                      f"drafted {drafted[name]:5d}  acceptance {rate:.2f}")
+                if name == "ngram" and kind == "grounded" and concurrency == 1:
+                    result["acceptance_grounded"] = round(rate, 3)
             for name in engines:
                 if name != "off":
                     key = f"{kind}_speedup_c{concurrency}" + ("" if name == "ngram" else "_draft")
@@ -103,6 +105,7 @@ def main() -> None:
     ordered = {k: result[k] for k in ("grounded_speedup_c1", "chat_speedup_c1",
                                       "grounded_speedup_c16", "acceptance_grounded")}
     ordered.update({k: v for k, v in result.items() if k not in ordered})
+    ordered["dtype"] = args.dtype
     print(json.dumps(ordered))
 
 

@@ -8,6 +8,7 @@ about 1.5-1.8 plain decode steps on the reference CPU, so drafts pay only when m
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -31,13 +32,14 @@ class SpecStats:
 
 class SpecController:
     def __init__(self, max_batch: int = 4, min_acceptance: float = 0.4,
-                 probe_every: int = 8, smoothing: float = 0.3):
+                 probe_every: int = 16, smoothing: float = 0.3, initial_acceptance: float = 0.5):
         self.max_batch = max_batch
         self.min_acceptance = min_acceptance
         self.probe_every = probe_every
         self.smoothing = smoothing
+        self.initial_acceptance = initial_acceptance  # just above the bar: one miss turns it off
         self.stats = SpecStats()
-        self._acceptance: dict[str, float] = {}  # seq id → recent acceptance (optimistic start)
+        self._acceptance: dict[str, float] = {}  # seq id → recent acceptance
         self._skipped: dict[str, int] = {}
 
     def should_speculate(self, num_running: int) -> bool:
@@ -49,13 +51,16 @@ class SpecController:
             self.stats.steps_off += 1
         return on
 
-    def wants_drafts(self, seq_id: str) -> bool:
-        """The sequence-level switch: off while its drafts keep failing, probing now and then."""
-        if self._acceptance.get(seq_id, 1.0) >= self.min_acceptance:
-            return True
-        skipped = self._skipped.get(seq_id, 0) + 1
-        self._skipped[seq_id] = 0 if skipped >= self.probe_every else skipped
-        return skipped >= self.probe_every
+    def draft_budget(self, seq_id: str, k: int) -> int:
+        """How many tokens this sequence should draft now: none while its drafts keep failing
+        (a probe of one token every probe_every steps), else k scaled by its recent acceptance,
+        so an uncertain sequence risks a cheap verification, not an expensive one."""
+        acceptance = self._acceptance.get(seq_id, self.initial_acceptance)
+        if acceptance < self.min_acceptance:
+            skipped = self._skipped.get(seq_id, 0) + 1
+            self._skipped[seq_id] = 0 if skipped >= self.probe_every else skipped
+            return 1 if skipped >= self.probe_every else 0
+        return max(1, min(k, math.ceil(k * acceptance * 1.25)))
 
     def record(self, seq_id: str, drafted: int, accepted: int) -> None:
         if drafted <= 0:
@@ -66,7 +71,7 @@ class SpecController:
         s.emitted_tokens += accepted + 1
         s.verifications += 1
         a = self.smoothing
-        prev = self._acceptance.get(seq_id, 1.0)
+        prev = self._acceptance.get(seq_id, self.initial_acceptance)
         self._acceptance[seq_id] = (1 - a) * prev + a * (accepted / drafted)
 
     def forget(self, seq_id: str) -> None:

@@ -178,3 +178,17 @@ def test_draft_model_with_another_vocabulary_is_refused(tmp_path):
     (other / "model.safetensors").symlink_to(folder / "model.safetensors")
     with pytest.raises(ModelLoadError, match="vocabulary"):
         LLM("tiny-random", speculative_method="draft", draft_model=str(other))
+
+
+def test_controller_backs_off_failing_sequences_and_probes_again():
+    from backend_engine.spec_decode.controller import SpecController
+
+    c = SpecController(max_batch=4, min_acceptance=0.4, probe_every=4)
+    assert c.should_speculate(4) and not c.should_speculate(5)  # large batches: off
+    assert c.draft_budget("s", 4) >= 1
+    c.record("s", 4, 0)  # a miss drops it below the bar
+    budgets = [c.draft_budget("s", 4) for _ in range(8)]
+    assert budgets == [0, 0, 0, 1, 0, 0, 0, 1]  # a one-token probe every 4 steps
+    for _ in range(6):
+        c.record("good", 4, 4)
+    assert c.draft_budget("good", 4) == 4  # accepted drafts earn the full k
