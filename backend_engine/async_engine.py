@@ -92,7 +92,7 @@ class AsyncLLMEngine:
     # -- requests ------------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, cache_salt: str | None = None,
-                       priority: int = 0, prompt: str | None = None
+                       prompt: str | None = None
                        ) -> AsyncIterator[RequestOutput]:
         if self.dead is not None:
             raise EngineDeadError("the engine stopped after an internal error")
@@ -105,7 +105,7 @@ class AsyncLLMEngine:
         self._streams[request_id] = (loop, stream)
         self._num_submitted += 1
         self._commands.put(("add", request_id, list(prompt_token_ids), params, cache_salt,
-                            priority, prompt))
+                            prompt))
         self._wake.set()
         finished = False
         try:
@@ -162,13 +162,12 @@ class AsyncLLMEngine:
             except queue.Empty:
                 break
             if cmd[0] == "add":
-                _, request_id, tokens, params, salt, priority, prompt = cmd
+                _, request_id, tokens, params, salt, prompt = cmd
                 self._num_picked += 1
                 if request_id not in self._streams:
                     continue  # aborted before it reached the engine
                 try:
-                    self.engine.add_request(request_id, tokens, params, salt, prompt,
-                                            priority=priority)
+                    self.engine.add_request(request_id, tokens, params, salt, prompt)
                 except Exception as exc:
                     self._deliver(request_id, exc)
             else:

@@ -114,7 +114,7 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, prompt: str | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> None:
+                    arrival_time: float | None = None) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         max_tokens = self.check_request(prompt_token_ids, params)
@@ -124,7 +124,7 @@ class LLMEngine:
         for i in range(params.n):
             seq = Sequence(f"{request_id}-{i}", request_id, i, list(prompt_token_ids), params,
                            namespace, max_tokens, arrival_time=arrival,
-                           parent=seqs[0] if seqs else None, priority=priority)
+                           parent=seqs[0] if seqs else None)
             if params.seed is not None:
                 seq.generator = torch.Generator().manual_seed(params.seed + i)
             seqs.append(seq)

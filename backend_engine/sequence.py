@@ -42,7 +42,6 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     generator: Any = None  # torch.Generator when the request has a seed (runner-owned)
-    priority: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
