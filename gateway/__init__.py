@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway: caching-aware routing in front of engine replicas."""

@@ -3,6 +3,7 @@
 
     kvgate engine --model PATH_OR_DEFAULT --port P [engine flags]   one replica
     kvgate up                                                        the local default setup
+    kvgate gateway --replica URL … [--redis-url URL] [--policy NAME]  one gateway
 """
 
 from __future__ import annotations
@@ -120,13 +121,45 @@ def _print_usage(state) -> None:  # noqa: ANN001 - ServerState, imported lazily
     )
 
 
+def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replica", action="append", default=[], metavar="URL", help="a replica's base URL (repeat for each)")
+    p.add_argument("--config", default=None, metavar="FILE", help="YAML/JSON config file (keys, limits, tokenizers, …)")
+    p.add_argument("--redis-url", default=None, help="share routing state, keys and rate limits through Redis")
+    p.add_argument("--policy", default=None, help="routing policy (kvgate, round_robin, least_load, …)")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--admin-key", default=None, help="the key for /admin and /admin/api (or KVGATE_ADMIN_KEY)")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY", help="a user key for /v1/* (repeat)")
+    p.add_argument("--isolate-cache-by-key", action="store_true", help="give every key its own cache namespace")
+    p.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=FOLDER",
+                   help="the folder with the model's tokenizer.json (MODEL may be *)")
+    p.add_argument("--max-in-flight", type=int, default=None, help="per-replica request cap (0: none)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError
+    from gateway.serve import config_from_args, serve_gateway
+
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"kvgate: {exc}", file=sys.stderr)
+        return 2
+    return serve_gateway(config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvgate", description="KV-cache-aware LLM gateway and engine")
     sub = parser.add_subparsers(dest="command", required=True)
     engine = sub.add_parser("engine", help="run one engine replica with its OpenAI-compatible server")
     _add_engine_flags(engine)
-    up = sub.add_parser("up", help="run the default local setup (for now: one replica of the default model)")
-    _add_engine_flags(up)
+    up = sub.add_parser("up", help="run K replicas and G gateways on this machine, supervised (Ctrl-C stops all)")
+    from kvgate.launcher.command import add_up_flags  # no torch: argparse only
+
+    add_up_flags(up)
+    gw = sub.add_parser("gateway", help="run a gateway in front of replicas")
+    _add_gateway_flags(gw)
     return parser
 
 
@@ -135,8 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "engine":
         return _run_engine(args, announce=False)
+    if args.command == "gateway":
+        return _run_gateway(args)
     if args.command == "up":
-        return _run_engine(args, announce=True)
+        from kvgate.launcher.command import run_up
+
+        return run_up(args)
     return 2
 
 

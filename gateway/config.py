@@ -1,0 +1,115 @@
+"""Gateway configuration: one dataclass, filled from a YAML/JSON file, then the environment,
+then command-line flags (later sources win)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used (unknown field, bad value, missing file)."""
+
+
+@dataclass(slots=True)
+class ApiKey:
+    key: str
+    name: str
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    isolate_cache: bool = False  # the key gets its own cache namespace (tenant isolation)
+
+
+@dataclass(slots=True)
+class GatewayConfig:
+    replicas: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    redis_url: str | None = None
+    policy: str = "kvgate"
+    admin_key: str | None = None
+    api_keys: list[ApiKey] = field(default_factory=list)
+    isolate_cache_by_key: bool = False  # default for keys that do not say
+    redis_keys: bool = False  # also accept keys stored in Redis (hash kvgate:keys)
+    tokenizers: dict[str, str] = field(default_factory=dict)  # model -> folder with tokenizer.json
+    block_size: int = 16
+    max_attempts: int = 3  # replicas tried per request before the first byte
+    retry_backoff_s: float = 0.02  # base of the jittered backoff between attempts
+    health_interval_s: float = 1.0
+    failure_threshold: int = 3  # consecutive failures that open a replica's circuit
+    circuit_cooldown_s: float = 5.0
+    max_in_flight: int = 0  # per replica, across gateways when Redis is shared; 0 = unlimited
+    approx_capacity_blocks: int = 8192  # LRU size for replicas without KV events
+    connect_timeout_s: float = 2.0
+    read_timeout_s: float = 600.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_messages: int = 2048
+    max_prompt_tokens: int = 131072
+    decisions_kept: int = 500
+    seed: int | None = None
+    log_level: str = "info"
+
+
+_SCALARS = {name for name in GatewayConfig.__dataclass_fields__
+            if name not in ("replicas", "api_keys", "tokenizers")}
+
+
+def _api_key(raw: dict | str, i: int, isolate_default: bool) -> ApiKey:
+    if isinstance(raw, str):
+        return ApiKey(raw, f"key-{i}", isolate_cache=isolate_default)
+    if not isinstance(raw, dict) or not isinstance(raw.get("key"), str):
+        raise ConfigError(f"api_keys[{i}] needs a string 'key'")
+    unknown = set(raw) - {"key", "name", "rpm", "tpm", "isolate_cache"}
+    if unknown:
+        raise ConfigError(f"api_keys[{i}]: unknown fields {sorted(unknown)}")
+    return ApiKey(raw["key"], str(raw.get("name") or f"key-{i}"), raw.get("rpm"), raw.get("tpm"),
+                  bool(raw.get("isolate_cache", isolate_default)))
+
+
+def load_file(path: str | Path, config: GatewayConfig) -> GatewayConfig:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping")
+    unknown = set(data) - _SCALARS - {"replicas", "api_keys", "tokenizers"}
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown fields {sorted(unknown)}")
+    for name in _SCALARS & set(data):
+        setattr(config, name, data[name])
+    config.replicas += list(data.get("replicas") or [])
+    config.tokenizers.update(data.get("tokenizers") or {})
+    config.api_keys += [_api_key(k, i, config.isolate_cache_by_key)
+                        for i, k in enumerate(data.get("api_keys") or [])]
+    return config
+
+
+def apply_env(config: GatewayConfig, env: dict[str, str] | None = None) -> GatewayConfig:
+    """KVGATE_ADMIN_KEY, KVGATE_API_KEYS (comma separated), KVGATE_REDIS_URL."""
+    env = os.environ if env is None else env
+    if env.get("KVGATE_ADMIN_KEY"):
+        config.admin_key = env["KVGATE_ADMIN_KEY"]
+    if env.get("KVGATE_REDIS_URL"):
+        config.redis_url = env["KVGATE_REDIS_URL"]
+    for i, key in enumerate(k for k in env.get("KVGATE_API_KEYS", "").split(",") if k.strip()):
+        config.api_keys.append(ApiKey(key.strip(), f"env-{i}", isolate_cache=config.isolate_cache_by_key))
+    return config
+
+
+def validate(config: GatewayConfig) -> GatewayConfig:
+    if config.max_attempts < 1:
+        raise ConfigError("max_attempts must be at least 1")
+    if config.failure_threshold < 1:
+        raise ConfigError("failure_threshold must be at least 1")
+    names = [k.name for k in config.api_keys]
+    if any("|" in name for name in names):
+        raise ConfigError("api key names may not contain '|' (it separates tenant and salt)")
+    if len(set(names)) != len(names):
+        raise ConfigError("api key names must be unique")
+    if config.admin_key is not None and any(k.key == config.admin_key for k in config.api_keys):
+        raise ConfigError("the admin key must differ from every user key")
+    return config

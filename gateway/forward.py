@@ -1,0 +1,199 @@
+"""Route, send, and fail over: each attempt asks the policy for the best replica not yet tried;
+a failure before the first byte books nothing and moves on after a jittered backoff; once bytes
+have reached the client, an upstream failure ends the stream with an OpenAI error event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from starlette.responses import Response
+
+from gateway.replicas import Replica
+from gateway.state import GatewayState
+from gateway.stats import DecisionRecord
+from gateway.upstream import UpstreamFailure, UsageScanner, open_upstream, usage_of
+from kvgate.protocol.errors import APIError, service_unavailable
+from kvgate.protocol.sse import DONE, EventStreamResponse, sse_error
+from routing.policies import Decision, NoReplicaAvailable
+
+REPLICA_HEADER = "x-kvgate-replica"
+
+
+@dataclass(slots=True)
+class RoutedRequest:
+    request_id: str
+    endpoint: str  # "chat" | "completions"
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    model: str
+    stream: bool
+    hashes: list[int]
+    prompt_tokens: int
+    started: float  # perf_counter at arrival
+
+
+def _exclusions(state: GatewayState, model: str, tried: set[str]) -> set[str]:
+    return {name for name, r in state.replicas.items()
+            if name in tried or model not in r.models or not r.routable()}
+
+
+async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
+    tried: set[str] = set()
+    last: UpstreamFailure | None = None
+    config = state.config
+    for attempt in range(1, config.max_attempts + 1):
+        t0 = time.perf_counter()
+        try:
+            decision = await state.shared.route_hashes(
+                routed.hashes, routed.prompt_tokens, f"{routed.request_id}-{attempt}",
+                exclude=_exclusions(state, routed.model, tried))
+        except NoReplicaAvailable as exc:
+            if last is not None:
+                break
+            state.stats.record_request(None, ok=False)
+            state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
+            raise service_unavailable(f"No replica can take this request now: {exc}.") from None
+        state.metrics.routing_latency.observe(time.perf_counter() - t0)
+        replica = state.replicas[decision.replica]
+        replica.breaker.on_dispatch()
+        record = _record(routed, decision, attempt)
+        state.stats.record_decision(record)
+        state.metrics.decisions.labels(decision.policy, decision.reason.split(":")[0]).inc()
+        sent = time.perf_counter()
+        try:
+            upstream = await open_upstream(state.proxy, replica, routed.path, routed.body,
+                                           routed.headers)
+        except UpstreamFailure as failure:
+            await state.shared.finish(decision.request_id)
+            _note_failure(state, replica, record, failure.status or 502, str(failure))
+            last = failure
+            tried.add(replica.name)
+            if attempt < config.max_attempts:
+                state.metrics.retries.labels(failure.reason).inc()
+                await asyncio.sleep(config.retry_backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+            continue
+        state.metrics.upstream_latency.labels(replica.name).observe(time.perf_counter() - sent)
+        replica.breaker.record_success()
+        if routed.stream and upstream.status_code == 200:
+            return _stream(state, routed, replica, decision, record, upstream)
+        return await _buffered(state, routed, replica, decision, record, upstream)
+    raise _all_failed(state, routed, last)
+
+
+def _record(routed: RoutedRequest, decision: Decision, attempt: int) -> DecisionRecord:
+    scores = [{"replica": s.replica, "cached_tokens": s.cached_tokens, "in_flight": s.in_flight,
+               "pending_prefill_tokens": s.pending_prefill_tokens, "kv_usage": s.kv_usage,
+               "cost": s.cost, "excluded": s.excluded} for s in decision.scores]
+    return DecisionRecord(routed.request_id, time.time(), routed.model, routed.endpoint,
+                          decision.replica, decision.policy, decision.reason,
+                          routed.prompt_tokens, decision.cached_tokens, scores, attempt)
+
+
+def _note_failure(state: GatewayState, replica: Replica, record: DecisionRecord, status: int,
+                  message: str) -> None:
+    replica.breaker.record_failure()
+    replica.counts.errors += 1
+    record.status, record.error = status, message
+
+
+def _all_failed(state: GatewayState, routed: RoutedRequest, last: UpstreamFailure | None) -> APIError:
+    state.stats.record_request(None, ok=False)
+    state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
+    detail = f" (last: {last})" if last is not None else ""
+    return service_unavailable(f"Every replica tried failed before answering{detail}.",
+                               code="upstream_unavailable")
+
+
+def _observe_usage(state: GatewayState, replica: Replica, record: DecisionRecord, usage) -> None:
+    if usage is None:
+        return
+    record.engine_cached_tokens = usage.cached_tokens
+    predicted = record.predicted_cached_tokens
+    replica.counts.prompt_tokens += usage.prompt_tokens
+    replica.counts.predicted_cached_tokens += predicted
+    replica.counts.cached_tokens += usage.cached_tokens
+    state.stats.record_usage(replica.name, usage.prompt_tokens, predicted, usage.cached_tokens)
+    m = state.metrics
+    m.predicted_cached.labels(replica.name).inc(predicted)
+    m.engine_cached.labels(replica.name).inc(usage.cached_tokens)
+    m.prompt_tokens.labels(replica.name).inc(usage.prompt_tokens)
+    m.prediction_error.observe(predicted - usage.cached_tokens)
+
+
+def _finish_request(state: GatewayState, routed: RoutedRequest, replica: Replica,
+                    record: DecisionRecord, status: int) -> None:
+    record.status = status if record.status is None else record.status
+    ok = record.status < 500
+    replica.counts.requests += 1
+    state.stats.record_request(replica.name, ok)
+    state.metrics.requests.labels(routed.endpoint, replica.name, str(record.status)).inc()
+
+
+async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica,
+                    decision: Decision, record: DecisionRecord,
+                    upstream: httpx.Response) -> Response:
+    try:
+        content = await upstream.aread()
+    except httpx.HTTPError as exc:
+        _note_failure(state, replica, record, 502, f"{replica.name} broke mid-response: {exc}")
+        raise APIError(502, "The replica failed while answering.", "server_error", None,
+                       "upstream_error") from None
+    finally:
+        await upstream.aclose()
+        await state.shared.finish(decision.request_id)
+        _finish_request(state, routed, replica, record, upstream.status_code)
+    elapsed = time.perf_counter() - routed.started
+    record.ttft_s = elapsed
+    state.metrics.ttft.observe(elapsed)
+    state.stats.record_ttft(elapsed)
+    if upstream.status_code == 200:
+        try:
+            _observe_usage(state, replica, record, usage_of(json.loads(content)))
+        except ValueError:
+            pass
+    return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"),
+                    headers={REPLICA_HEADER: replica.name})
+
+
+def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decision: Decision,
+            record: DecisionRecord, upstream: httpx.Response) -> Response:
+    scanner = UsageScanner()
+    renew_every = (state.store.lease_ms / 1000 / 3) if state.store is not None else None
+
+    async def relay() -> AsyncIterator[bytes]:
+        first = True
+        last_renew = time.monotonic()
+        try:
+            async for chunk in upstream.aiter_raw():
+                if first:
+                    first = False
+                    record.ttft_s = time.perf_counter() - routed.started
+                    state.metrics.ttft.observe(record.ttft_s)
+                    state.stats.record_ttft(record.ttft_s)
+                    await state.shared.first_token(decision.request_id)
+                scanner.feed(chunk)
+                yield chunk
+                if renew_every is not None and time.monotonic() - last_renew > renew_every:
+                    last_renew = time.monotonic()
+                    await state.store.renew(replica.name, decision.request_id)
+        except httpx.HTTPError as exc:
+            _note_failure(state, replica, record, 502, f"{replica.name} broke mid-stream: {exc}")
+            state.metrics.stream_errors.labels(replica.name).inc()
+            yield sse_error(APIError(502, "The replica failed while streaming; the response is "
+                                          "incomplete.", "server_error", None, "upstream_error"))
+            yield DONE
+
+    async def on_close() -> None:
+        await upstream.aclose()
+        await state.shared.finish(decision.request_id)
+        _observe_usage(state, replica, record, scanner.usage)
+        _finish_request(state, routed, replica, record, 200)
+
+    return EventStreamResponse(relay(), headers={REPLICA_HEADER: replica.name}, on_close=on_close)

@@ -1,0 +1,90 @@
+"""Keeps one replica's exact prefix index current: read `/kv/snapshot`, then follow
+`/kv/events?since=SEQ`; re-read the snapshot on a sequence gap or a `resync` event; reconnect
+with jittered exponential backoff when the replica goes away. A replica without `/kv/*` (any
+OpenAI-compatible server) is switched to the approximate index instead."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from typing import TYPE_CHECKING
+
+import httpx
+
+from routing.index import BlockSizeMismatch
+
+if TYPE_CHECKING:
+    from gateway.replicas import Replica
+    from gateway.state import GatewayState
+
+log = logging.getLogger(__name__)
+
+MIN_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 5.0
+# Heartbeats come after 1 s idle; three missed ones mean the stream is dead.
+EVENT_READ_TIMEOUT_S = 3.5
+
+
+class NoKvEndpoints(Exception):
+    """The backend does not serve /kv/snapshot: route it with the approximate index."""
+
+
+async def follow_kv(state: GatewayState, replica: Replica) -> None:
+    """Run until cancelled."""
+    backoff = MIN_BACKOFF_S
+    while True:
+        try:
+            await _sync_once(state, replica)
+            backoff = MIN_BACKOFF_S  # the stream ended cleanly (resync or gap): re-read at once
+            continue
+        except asyncio.CancelledError:
+            raise
+        except NoKvEndpoints:
+            state.use_approximate_index(replica)
+            return
+        except BlockSizeMismatch as exc:
+            log.error("replica %s cannot be indexed: %s", replica.name, exc)
+            replica.kv_connected = False
+            await asyncio.sleep(MAX_BACKOFF_S * 6)
+            continue
+        except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+            if replica.kv_connected:
+                log.warning("kv feed of %s lost (%s); reconnecting", replica.name, exc)
+            replica.kv_connected = False
+        await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+        backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+
+async def _sync_once(state: GatewayState, replica: Replica) -> None:
+    client = state.client
+    response = await client.get(f"{replica.url}/kv/snapshot", timeout=10.0)
+    if response.status_code in (404, 405):
+        raise NoKvEndpoints()
+    response.raise_for_status()
+    snapshot = response.json()
+    state.router.on_snapshot(replica.name, snapshot)
+    replica.namespace_model = snapshot.get("model") or replica.namespace_model
+    replica.load = dict(snapshot.get("load") or {})
+    replica.kv_resyncs += 1
+    seq = int(snapshot.get("seq", 0))
+    timeout = httpx.Timeout(10.0, read=EVENT_READ_TIMEOUT_S)
+    async with client.stream("GET", f"{replica.url}/kv/events", params={"since": seq},
+                             timeout=timeout) as events:
+        events.raise_for_status()
+        replica.kv_connected = True
+        async for line in events.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            kind = event.get("type", "kv")
+            if event.get("load") is not None:
+                replica.load = dict(event["load"])
+            if kind == "heartbeat":
+                state.router.load.observe_engine(replica.name, event.get("load"))
+            elif kind == "resync":
+                return
+            elif not state.router.on_event(replica.name, event):
+                return  # a gap: re-read the snapshot
+    raise httpx.ReadError("event stream ended")

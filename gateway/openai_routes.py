@@ -1,0 +1,128 @@
+"""The OpenAI surface of the gateway: validate at the edge (before any replica is touched),
+authenticate, tokenise as the engine will, rate-limit, hash, then forward."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.config import ApiKey
+from gateway.forward import RoutedRequest, forward
+from gateway.state import GatewayState
+from gateway.upstream import forwarded_headers
+from kvgate.protocol.chat import ChatCompletionRequest
+from kvgate.protocol.completions import CompletionRequest
+from kvgate.protocol.errors import APIError, bad_request, context_length_exceeded, model_not_found
+from kvgate.protocol.model_list import ModelCard, ModelList
+from kvgate.protocol.parsing import parse_json_body, parse_request
+from routing.hashing import block_hashes, namespace_for
+from routing.rate_limit import RateLimit
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, "chat", "/v1/chat/completions", ChatCompletionRequest)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _serve(request, "completions", "/v1/completions", CompletionRequest)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> ModelList:
+    state: GatewayState = request.app.state.gateway
+    await state.keys.user(request)
+    return ModelList(data=[ModelCard.model_validate(card) for card in state.model_cards()])
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(request: Request, model: str) -> ModelCard:
+    state: GatewayState = request.app.state.gateway
+    await state.keys.user(request)
+    card = next((c for c in state.model_cards() if c["id"] == model), None)
+    if card is None:
+        raise model_not_found(model)
+    return ModelCard.model_validate(card)
+
+
+def tenant_salt(key: ApiKey | None, cache_salt: str | None) -> str | None:
+    """The cache salt the replica must use: the key's tenant first when it is isolated, so no
+    request of another key can produce (or probe) a hit on its blocks. A client's own salt that
+    looks like a tenant's (or like an escaped one) is escaped, so the mapping stays one-to-one."""
+    if key is not None and key.isolate_cache:
+        return f"tenant:{key.name}" + (f"|{cache_salt}" if cache_salt else "")
+    if cache_salt is not None and cache_salt.startswith(("tenant:", "salt:")):
+        return f"salt:{cache_salt}"
+    return cache_salt
+
+
+def _check_limits(state: GatewayState, req: ChatCompletionRequest | CompletionRequest) -> None:
+    if isinstance(req, ChatCompletionRequest) and len(req.messages) > state.config.max_messages:
+        raise bad_request(f"'messages' holds at most {state.config.max_messages} messages.",
+                          "messages", "invalid_value")
+    if isinstance(req, CompletionRequest) and len(req.prompts()) > 256:
+        raise bad_request("'prompt' holds at most 256 prompts.", "prompt", "invalid_value")
+
+
+async def _check_rate(state: GatewayState, key: ApiKey | None, tokens: int) -> None:
+    if key is None or (key.requests_per_minute is None and key.tokens_per_minute is None):
+        return
+    limit = RateLimit(key.requests_per_minute, key.tokens_per_minute)
+    decision = await state.limiter.check(key.name, tokens, limit)
+    if decision.allowed:
+        return
+    state.metrics.rate_limited.labels(key.name).inc()
+    over_requests = (limit.requests_per_minute is not None
+                     and decision.requests > limit.requests_per_minute)
+    what, used, cap = (("requests per min (RPM)", decision.requests, limit.requests_per_minute)
+                       if over_requests else
+                       ("tokens per min (TPM)", decision.tokens, limit.tokens_per_minute))
+    retry = max(1, int(decision.retry_after_s + 0.999))
+    raise APIError(429, f"Rate limit reached for key '{key.name}' on {what}: Limit {cap}, "
+                        f"Used {used}. Please try again in {retry}s.",
+                   "requests" if over_requests else "tokens", None, "rate_limit_exceeded",
+                   {"Retry-After": str(retry)})
+
+
+async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Response:  # noqa: ANN001
+    started = time.perf_counter()
+    state: GatewayState = request.app.state.gateway
+    key = await state.keys.user(request)
+    raw = await request.body()
+    data = parse_json_body(raw)
+    req = parse_request(model_cls, data)
+    _check_limits(state, req)
+    serving = state.serving(req.model)
+    if not serving:
+        raise model_not_found(req.model)
+    salt = tenant_salt(key, req.cache_salt)
+    body = raw  # forwarded byte for byte unless the cache namespace must change
+    if salt != req.cache_salt:
+        data["cache_salt"] = salt
+        body = json.dumps(data, separators=(",", ":")).encode()
+    tokenizer_url = next((r.url for r in serving if r.routable()), serving[0].url)
+    if isinstance(req, ChatCompletionRequest):
+        tokens = await state.tokens.chat(req, tokenizer_url)
+        max_out = req.max_output_tokens or 0
+    else:
+        tokens = await state.tokens.prompt(req.model, req.prompts()[0], tokenizer_url)
+        max_out = req.max_tokens or 0
+    if len(tokens) > state.config.max_prompt_tokens:
+        raise context_length_exceeded(
+            f"The prompt has {len(tokens)} tokens; this gateway accepts at most "
+            f"{state.config.max_prompt_tokens}.", "messages" if endpoint == "chat" else "prompt")
+    await _check_rate(state, key, len(tokens) + max_out * (req.n or 1))
+    namespace_model = serving[0].namespace_model or req.model
+    hashes = block_hashes(tokens, namespace_for(namespace_model, salt), state.router.block_size)
+    request_id = req.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
+    routed = RoutedRequest(request_id, endpoint, path, body, forwarded_headers(request.headers),
+                           req.model, bool(req.stream), hashes, len(tokens), started)
+    return await forward(state, routed)

@@ -1,0 +1,59 @@
+"""The gateway's replicas: where they are, what they serve, whether they may take new requests,
+and the per-replica counts behind the dashboard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.circuit import CLOSED, CircuitBreaker
+
+HEALTHY, UNHEALTHY, DOWN, UNKNOWN = "healthy", "unhealthy", "down", "unknown"
+
+
+@dataclass(slots=True)
+class ReplicaCounts:
+    requests: int = 0
+    errors: int = 0  # failures before the first byte or mid-stream
+    prompt_tokens: int = 0  # of requests whose usage came back
+    predicted_cached_tokens: int = 0  # predicted for those same requests
+    cached_tokens: int = 0  # engine-reported
+
+
+@dataclass(slots=True)
+class Replica:
+    name: str
+    url: str
+    breaker: CircuitBreaker
+    models: list[str] = field(default_factory=list)
+    model_cards: list[dict] = field(default_factory=list)  # as the replica's /v1/models
+    namespace_model: str | None = None  # the model id the engine builds namespaces from
+    health: str = UNKNOWN
+    health_detail: str = ""
+    draining: bool = False  # set by the admin: finish what runs, take nothing new
+    exact: bool = True  # serves /kv/snapshot + /kv/events; False: approximate index
+    kv_connected: bool = False
+    kv_resyncs: int = 0
+    parity: str = "unchecked"  # "ok", "mismatch: …", "unavailable", "unchecked"
+    load: dict = field(default_factory=dict)  # the engine's last report
+    counts: ReplicaCounts = field(default_factory=ReplicaCounts)
+
+    def routable(self) -> bool:
+        """May this replica be offered to the policy for a new request?"""
+        return self.health == HEALTHY and not self.draining and self.breaker.allow()
+
+    @property
+    def status(self) -> str:
+        if self.draining:
+            return "draining"
+        if self.health == HEALTHY and self.breaker.state != CLOSED:
+            return f"circuit_{self.breaker.state}"
+        return self.health
+
+
+def replica_name(url: str, taken: set[str]) -> str:
+    """A short stable name from the URL's host:port, unique among `taken`."""
+    base = url.split("://", 1)[-1].rstrip("/").split("/", 1)[0]
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}#{i}", i + 1
+    return name

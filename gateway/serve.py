@@ -1,0 +1,50 @@
+"""`kvgate gateway`: build the config from file, environment and flags, then serve."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+
+from gateway.config import ApiKey, ConfigError, GatewayConfig, apply_env, load_file, validate
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    config = GatewayConfig()
+    if args.config:
+        load_file(args.config, config)
+    apply_env(config)
+    config.replicas += args.replica
+    for name in ("redis_url", "policy", "host", "port", "admin_key", "max_in_flight"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(config, name, value)
+    if args.isolate_cache_by_key:
+        config.isolate_cache_by_key = True
+        for key in config.api_keys:
+            key.isolate_cache = True
+    for i, key in enumerate(args.api_key):
+        config.api_keys.append(ApiKey(key, f"cli-{i}", isolate_cache=config.isolate_cache_by_key))
+    for item in args.tokenizer:
+        model, sep, folder = item.partition("=")
+        if not sep or not model or not folder:
+            raise ConfigError(f"--tokenizer wants MODEL=FOLDER, got {item!r}")
+        config.tokenizers[model] = folder
+    config.log_level = args.log_level
+    if not config.replicas:
+        raise ConfigError("give at least one --replica URL (or `replicas:` in the config file)")
+    return validate(config)
+
+
+def serve_gateway(config: GatewayConfig) -> int:
+    from gateway.app import create_app
+
+    logging.basicConfig(level=config.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+    app = create_app(config)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+                timeout_graceful_shutdown=5, access_log=False,
+                timeout_keep_alive=75)  # longer than clients' and load balancers' idle pools
+    return 0

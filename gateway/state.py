@@ -1,0 +1,146 @@
+"""Everything one gateway process holds: its config, the router (index + load + policy, shared
+through Redis when configured), the replicas and their background tasks, keys, limits, stats."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+import httpx
+import redis.asyncio as aioredis
+
+from gateway.auth import KeyStore
+from gateway.circuit import CircuitBreaker
+from gateway.config import GatewayConfig
+from gateway.health import check_forever, check_once
+from gateway.kv_sync import follow_kv
+from gateway.metrics import GatewayMetrics
+from gateway.pool import LeanTransport
+from gateway.prompt_tokens import PromptTokens
+from gateway.replicas import Replica, replica_name
+from gateway.stats import GatewayStats
+from routing.policies import make_policy
+from routing.rate_limit import RateLimiter
+from routing.redis_store import RedisStore
+from routing.router import Router
+from routing.shared_router import SharedRouter
+
+log = logging.getLogger(__name__)
+
+
+class GatewayState:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        if config.admin_key is None:
+            config.admin_key = secrets.token_urlsafe(24)
+            log.warning("no admin key configured; this run's admin key is %s", config.admin_key)
+        self.router = Router(config.policy, block_size=config.block_size, seed=config.seed)
+        self.store = RedisStore(config.redis_url, timeout_s=0.25) if config.redis_url else None
+        self.shared = SharedRouter(self.router, self.store, config.max_in_flight, config.seed)
+        self.replicas: dict[str, Replica] = {}
+        # Two clients: request traffic through the O(1) keep-alive pool (see gateway/pool.py),
+        # and the control plane (health, /kv feeds, /tokenize) on httpx's default pool.
+        self.proxy = httpx.AsyncClient(
+            transport=LeanTransport(),
+            timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s))
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(30.0, connect=config.connect_timeout_s),
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=32))
+        self.keys_redis = (aioredis.Redis.from_url(config.redis_url, decode_responses=True,
+                                                   socket_timeout=0.25)
+                           if config.redis_url and config.redis_keys else None)
+        self.keys = KeyStore(config.api_keys, config.admin_key, self.keys_redis)
+        self.limiter = RateLimiter(self.store)
+        self.tokens = PromptTokens(config.tokenizers, self.client)
+        self.metrics = GatewayMetrics()
+        self.stats = GatewayStats(config.decisions_kept)
+        self._tasks: dict[str, list[asyncio.Task]] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.gather(*(self.add_replica(url) for url in self.config.replicas))
+
+    async def close(self) -> None:
+        for name in list(self._tasks):
+            await self._stop_tasks(name)
+        await self.client.aclose()
+        await self.proxy.aclose()
+        if self.store is not None:
+            await self.store.close()
+        if self.keys_redis is not None:
+            await self.keys_redis.aclose()
+
+    # -- membership -----------------------------------------------------------------------
+    async def add_replica(self, url: str, name: str | None = None) -> Replica:
+        url = url.rstrip("/")
+        for existing in self.replicas.values():
+            if existing.url == url:
+                return existing
+        name = name or replica_name(url, set(self.replicas))
+        breaker = CircuitBreaker(self.config.failure_threshold, self.config.circuit_cooldown_s)
+        replica = Replica(name, url, breaker)
+        self.replicas[name] = replica
+        self.router.add_replica(name)
+        await check_once(self, replica)
+        await self.check_parity(replica)
+        self._tasks[name] = [asyncio.create_task(check_forever(self, replica)),
+                             asyncio.create_task(follow_kv(self, replica))]
+        return replica
+
+    async def remove_replica(self, name: str) -> None:
+        await self._stop_tasks(name)
+        self.replicas.pop(name, None)
+        self.router.remove_replica(name)
+        self.metrics.forget_replica(name)
+
+    async def _stop_tasks(self, name: str) -> None:
+        tasks = self._tasks.pop(name, [])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def use_approximate_index(self, replica: Replica) -> None:
+        """The backend has no KV events: learn its cache from routing history instead."""
+        log.warning("replica %s has no /kv endpoints: approximate prefix index", replica.name)
+        replica.exact = False
+        self.router.remove_replica(replica.name)
+        self.router.add_replica(replica.name, approximate=True,
+                                capacity_blocks=self.config.approx_capacity_blocks)
+
+    def set_policy(self, name: str) -> None:
+        self.router.policy = make_policy(name, seed=self.config.seed)
+
+    # -- what replicas serve --------------------------------------------------------------
+    async def refresh_models(self, replica: Replica) -> None:
+        try:
+            response = await self.client.get(f"{replica.url}/v1/models", timeout=5.0)
+            response.raise_for_status()
+            replica.model_cards = list(response.json().get("data", []))
+            replica.models = [m["id"] for m in replica.model_cards]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            log.warning("cannot list models of %s: %s", replica.name, exc)
+
+    async def check_parity(self, replica: Replica) -> None:
+        if not replica.models:
+            replica.parity = "unchecked"
+            return
+        replica.parity = await self.tokens.check_parity(replica.models[0], replica.url)
+        if replica.parity.startswith("mismatch"):
+            log.error("tokenizer parity with %s failed: %s; routing predictions for it will be "
+                      "wrong", replica.name, replica.parity)
+
+    def model_cards(self) -> list[dict]:
+        """The union of the replicas' models, each once (the first replica's card)."""
+        seen: dict[str, dict] = {}
+        for replica in self.replicas.values():
+            for card in replica.model_cards:
+                seen.setdefault(card["id"], card)
+        return list(seen.values())
+
+    def serving(self, model: str) -> list[Replica]:
+        return [r for r in self.replicas.values() if model in r.models]
+
+    def in_flight_by_replica(self) -> dict[str, int]:
+        return {name: self.router.load.view(name).in_flight for name in self.replicas
+                if name in self.router.replicas}

@@ -1,0 +1,95 @@
+"""Tokenise exactly as a replica does, without transformers (which would pull in torch): the
+model folder's `tokenizer.json` through the `tokenizers` library and its chat template through
+a sandboxed Jinja2 environment configured as transformers configures it. Start-up parity checks
+against each replica's `/tokenize` prove the two agree."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+
+class TokenizerUnavailable(RuntimeError):
+    """No local tokenizer for a model: the gateway asks a replica's /tokenize instead."""
+
+
+class ChatTemplateError(ValueError):
+    """The conversation cannot be rendered (the caller's input problem, answered with 400)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    # transformers overrides Jinja's tojson so non-ASCII text survives as is.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class LocalTokenizer:
+    """One model's tokenizer and chat template, read from its folder."""
+
+    def __init__(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        if not (folder / "tokenizer.json").is_file():
+            raise TokenizerUnavailable(f"{folder} has no tokenizer.json")
+        self.folder = folder
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        template = config.get("chat_template")
+        if (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        self.special = {name: _token_text(config.get(name)) for name in
+                        ("bos_token", "eos_token", "unk_token", "pad_token")}
+        self.template = None
+        if isinstance(template, str):
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self.template = env.from_string(template)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """A completions prompt: special tokens added, as the engine's encode_prompt."""
+        return self.tokenizer.encode(prompt, add_special_tokens=True).ids
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    chat_template_kwargs: dict | None = None, tools: list[dict] | None = None,
+                    continue_final_message: bool = False) -> list[int]:
+        if self.template is None:
+            raise ChatTemplateError("this model has no chat template; use /v1/completions")
+        try:
+            text = self.template.render(
+                messages=messages, tools=tools,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                **{k: v for k, v in self.special.items() if v is not None},
+                **(chat_template_kwargs or {}))
+        except TemplateError as exc:
+            raise ChatTemplateError(f"could not apply the chat template: {exc}") from exc
+        if continue_final_message:
+            text = _strip_after_final(text, messages)
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def _strip_after_final(text: str, messages: list[dict]) -> str:
+    """Cut the end-of-turn tokens after the final message, as transformers does."""
+    final = messages[-1].get("content") or ""
+    if isinstance(final, str) and final.strip() and final.strip() in text:
+        return text[: text.rindex(final.strip()) + len(final.strip())]
+    return text

@@ -1,0 +1,93 @@
+"""One attempt against one replica: send the request over the pooled keep-alive client and
+classify what comes back before the first body byte (the only point where a retry is safe)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import httpx
+
+from gateway.replicas import Replica
+
+FORWARDED_HEADERS = ("content-type", "accept", "x-request-id", "user-agent")
+
+
+class UpstreamFailure(Exception):
+    """The replica failed before answering: try another one."""
+
+    def __init__(self, reason: str, message: str, status: int | None = None,
+                 body: bytes | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason  # "connect", "timeout", "status_5xx", "protocol"
+        self.status = status
+        self.body = body
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int
+
+
+async def open_upstream(client: httpx.AsyncClient, replica: Replica, path: str, body: bytes,
+                        headers: dict[str, str]) -> httpx.Response:
+    """The replica's response with its body still unread; raises UpstreamFailure for 5xx and
+    transport errors."""
+    request = client.build_request("POST", replica.url + path, content=body, headers=headers)
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.ConnectError as exc:
+        raise UpstreamFailure("connect", f"cannot connect to {replica.name}: {exc}") from exc
+    except httpx.TimeoutException as exc:
+        raise UpstreamFailure("timeout", f"{replica.name} timed out: {type(exc).__name__}") from exc
+    except httpx.HTTPError as exc:  # connection reset, broken keep-alive connection, …
+        raise UpstreamFailure("protocol", f"{replica.name} failed: {type(exc).__name__}") from exc
+    if response.status_code >= 500:
+        try:
+            content = await response.aread()
+        except httpx.HTTPError:
+            content = b""
+        finally:
+            await response.aclose()
+        raise UpstreamFailure("status_5xx", f"{replica.name} answered {response.status_code}",
+                              response.status_code, content)
+    return response
+
+
+def forwarded_headers(incoming) -> dict[str, str]:  # noqa: ANN001 - starlette Headers
+    headers = {name: incoming[name] for name in FORWARDED_HEADERS if name in incoming}
+    headers["content-type"] = "application/json"
+    return headers
+
+
+def usage_of(payload: dict) -> Usage | None:
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(usage, dict) or "prompt_tokens" not in usage:
+        return None
+    details = usage.get("prompt_tokens_details") or {}
+    return Usage(int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0))
+
+
+class UsageScanner:
+    """Finds the usage chunk of an SSE stream as the bytes pass through, without holding them."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self.usage: Usage | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._partial + chunk
+        events = data.split(b"\n\n")
+        self._partial = events.pop()
+        if len(self._partial) > 1 << 20:
+            self._partial = b""  # no event is that large: not SSE, stop looking
+        for event in events:
+            if b'"usage"' not in event or not event.startswith(b"data: {"):
+                continue
+            try:
+                found = usage_of(json.loads(event[6:]))
+            except ValueError:
+                continue
+            if found is not None:
+                self.usage = found

@@ -1,0 +1,136 @@
+"""`UpConfig`: everything `kvgate up` runs, from defaults ← a YAML file ← explicit flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Flags `kvgate up` sets on every replica/gateway itself; setting them under `engine:` or
+# `gateway:` would silently break the port layout or the thread split, so they are refused.
+_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key"}
+_MANAGED_GATEWAY_FLAGS = {"host", "port", "replica", "redis_url", "policy", "admin_key", "api_key"}
+_DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A config file or flag value `kvgate up` cannot run with."""
+
+
+@dataclass(slots=True)
+class UpConfig:
+    model: str = "default"
+    replicas: int | None = None  # None: one per GPU when GPUs exist, else 2
+    gateways: int = 1  # 0: replicas only (base_url is replica 1)
+    redis: bool = False  # start a local redis-server even for one gateway
+    redis_url: str | None = None  # use this Redis instead of starting one
+    policy: str | None = None  # None: the gateway's default
+    host: str = "127.0.0.1"
+    port: int = 8000  # first gateway; the rest follow, then the replicas
+    device: str = "auto"  # auto: cuda when `nvidia-smi -L` lists GPUs
+    num_threads: int | None = None  # per CPU replica; None: max(1, cores // replicas)
+    speculative_method: str | None = None
+    admin_key: str | None = None  # None: one is generated per run and printed
+    api_key: str | None = None  # user key for /v1/*; generated when gateways share Redis
+    engine: dict[str, Any] = field(default_factory=dict)  # extra `kvgate engine` flags
+    gateway: dict[str, Any] = field(default_factory=dict)  # extra `kvgate gateway` flags
+    health_timeout_s: float = 600.0  # start-up: first model load may dequantise (~15 s on CPU)
+    shutdown_grace_s: float = 15.0  # SIGTERM → SIGKILL
+    restart_backoff_s: float = 1.0  # first restart delay; doubles per crash in a row
+    restart_backoff_max_s: float = 30.0
+    log_dir: str | None = None  # None: a fresh temporary folder
+    log_level: str = "info"
+
+    def validate(self) -> None:
+        if self.replicas is not None and self.replicas < 1:
+            raise ConfigError("replicas must be at least 1")
+        if self.gateways < 0:
+            raise ConfigError("gateways must be 0 or more")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} is not a TCP port")
+        if self.device not in _DEVICES:
+            raise ConfigError(f"device must be one of {list(_DEVICES)}, not {self.device!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError("num_threads must be at least 1")
+        if self.shutdown_grace_s <= 0 or self.health_timeout_s <= 0:
+            raise ConfigError("shutdown_grace_s and health_timeout_s must be positive")
+        if not 0 < self.restart_backoff_s <= self.restart_backoff_max_s:
+            raise ConfigError("need 0 < restart_backoff_s <= restart_backoff_max_s")
+        _check_extra_flags("engine", self.engine, _MANAGED_ENGINE_FLAGS)
+        _check_extra_flags("gateway", self.gateway, _MANAGED_GATEWAY_FLAGS)
+        if self.policy is not None:
+            from routing.policies import REGISTRY  # pure Python; fail here, not in a child's log
+
+            if self.policy not in REGISTRY:
+                raise ConfigError(f"unknown policy {self.policy!r}; choose from {sorted(REGISTRY)}")
+
+    def fill_keys(self) -> None:
+        """One admin key for every gateway (each would invent its own), and a user key when
+        gateways share Redis: keys may then live in Redis, so a gateway refuses keyless calls."""
+        if self.gateways and self.admin_key is None:
+            self.admin_key = "kvgate-admin-" + secrets.token_urlsafe(18)
+        if self.gateways and self.api_key is None and (self.redis_url or self.wants_redis):
+            self.api_key = "sk-kvgate-" + secrets.token_urlsafe(18)
+
+    @property
+    def wants_redis(self) -> bool:
+        """Several gateways must share routing state, or their load views diverge. `redis: true`
+        with no gateway still starts one, for gateways run by hand against these replicas."""
+        return self.redis_url is None and (self.redis or self.gateways > 1)
+
+
+def _check_extra_flags(section: str, flags: Any, managed: set[str]) -> None:
+    if not isinstance(flags, dict):
+        raise ConfigError(f"`{section}:` must be a mapping of flag names to values")
+    for name in flags:
+        key = str(name).lstrip("-").replace("-", "_")
+        if key in managed:
+            raise ConfigError(f"`{section}.{name}` is set by kvgate up; use the top-level key `{key}`")
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """The YAML mapping in `path`, with its keys checked against `UpConfig`."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+    known = {f.name for f in dataclasses.fields(UpConfig)}
+    unknown = sorted(str(k).replace("-", "_") for k in data if str(k).replace("-", "_") not in known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in {path}: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+_INTS = ("replicas", "gateways", "port", "num_threads")
+_FLOATS = ("health_timeout_s", "shutdown_grace_s", "restart_backoff_s", "restart_backoff_max_s")
+
+
+def _coerce(values: dict[str, Any]) -> dict[str, Any]:
+    """YAML gives strings where users quote numbers; name the key when a value is no number."""
+    out = dict(values)
+    for keys, kind in ((_INTS, int), (_FLOATS, float)):
+        for key in keys:
+            if out.get(key) is None:
+                continue
+            try:
+                out[key] = kind(out[key])
+            except (TypeError, ValueError):
+                raise ConfigError(f"{key} must be a number, not {out[key]!r}") from None
+    if "redis" in out and not isinstance(out["redis"], bool):
+        raise ConfigError(f"redis must be true or false, not {out['redis']!r}")
+    return out
+
+
+def build_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> UpConfig:
+    """Defaults, overridden by the file, overridden by flags the user actually typed."""
+    config = UpConfig(**_coerce({**file_values, **flag_values}))
+    config.validate()
+    return config

@@ -1,0 +1,170 @@
+"""Which child processes `kvgate up` runs: argv, environment, port and health check of each."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvgate.launcher.config import ConfigError, UpConfig
+
+REPLICA, GATEWAY, REDIS = "replica", "gateway", "redis"
+DEFAULT_CPU_REPLICAS = 2
+
+
+@dataclass(slots=True)
+class ChildSpec:
+    name: str  # replica-1, gateway-1, redis
+    role: str  # REPLICA | GATEWAY | REDIS
+    argv: list[str]
+    port: int
+    host: str = "127.0.0.1"
+    env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment
+
+    @property
+    def url(self) -> str:
+        return f"http://{_client_host(self.host)}:{self.port}"
+
+
+@dataclass(slots=True)
+class Plan:
+    redis: ChildSpec | None
+    replicas: list[ChildSpec]
+    gateways: list[ChildSpec]
+    redis_url: str | None
+    device: str  # cpu | cuda
+
+    @property
+    def children(self) -> list[ChildSpec]:
+        """In start order: shared state first, then replicas, then the gateways that route to them."""
+        return ([self.redis] if self.redis else []) + self.replicas + self.gateways
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def count_gpus() -> int:
+    """GPUs that `nvidia-smi -L` lists; 0 without the tool or a driver."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def count_cores() -> int:
+    """Cores this process may use (a container's CPU set, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def flags_from_mapping(values: dict[str, Any]) -> list[str]:
+    """{'num_kv_blocks': 512, 'no_prefix_caching': True, 'served_model_name': [a, b]} → argv."""
+    argv: list[str] = []
+    for name, value in values.items():
+        flag = "--" + str(name).lstrip("-").replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def build_plan(config: UpConfig, gpus: int, cores: int, redis_port: int | None = None,
+               python: str = sys.executable) -> Plan:
+    device = config.device if config.device != "auto" else ("cuda" if gpus else "cpu")
+    if device == "cuda" and gpus == 0:
+        raise ConfigError("device cuda asked for, but `nvidia-smi -L` lists no GPU")
+    k = config.replicas or (gpus if device == "cuda" else DEFAULT_CPU_REPLICAS)
+    g = config.gateways
+    redis = None
+    redis_url = config.redis_url
+    if config.wants_redis:
+        redis = _redis_spec(redis_port or free_port())
+        redis_url = f"redis://127.0.0.1:{redis.port}/0"
+    replicas = [_replica_spec(config, i, config.port + g + i, device, gpus, cores, k, python) for i in range(k)]
+    gateways = [_gateway_spec(config, i, config.port + i, replicas, redis_url, python) for i in range(g)]
+    return Plan(redis, replicas, gateways, redis_url, device)
+
+
+def _replica_spec(config: UpConfig, i: int, port: int, device: str, gpus: int, cores: int, k: int,
+                  python: str) -> ChildSpec:
+    argv = [python, "-m", "kvgate.cli", "engine", "--model", config.model, "--host", config.host,
+            "--port", str(port), "--device", device, "--log-level", config.log_level]
+    env: dict[str, str] = {}
+    if device == "cuda":
+        # One GPU per replica; with more replicas than GPUs they share round-robin.
+        env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+    else:
+        # Several torch processes that each use every core collapse (25x slower, measured):
+        # split the cores between the replicas instead.
+        threads = config.num_threads or max(1, cores // k)
+        argv += ["--num-threads", str(threads)]
+        env["OMP_NUM_THREADS"] = str(threads)
+    if config.speculative_method:
+        argv += ["--speculative-method", config.speculative_method]
+    if config.api_key and config.gateways == 0:  # no gateway in front: the replicas check the key
+        argv.append(f"--api-key={config.api_key}")  # "=": a key may start with "-"
+    extra = dict(config.engine)
+    # A replica must finish draining before the supervisor's SIGKILL.
+    extra.setdefault("drain_grace", max(1.0, config.shutdown_grace_s - 3.0))
+    argv += flags_from_mapping(extra)
+    return ChildSpec(f"replica-{i + 1}", REPLICA, argv, port, config.host, env)
+
+
+def _gateway_spec(config: UpConfig, i: int, port: int, replicas: list[ChildSpec], redis_url: str | None,
+                  python: str) -> ChildSpec:
+    argv = [python, "-m", "kvgate.cli", "gateway", "--host", config.host, "--port", str(port)]
+    for replica in replicas:
+        argv += ["--replica", replica.url]
+    if redis_url:
+        argv += ["--redis-url", redis_url]
+    if config.policy:
+        argv += ["--policy", config.policy]
+    if config.admin_key:
+        argv.append(f"--admin-key={config.admin_key}")  # "=": a key may start with "-"
+    if config.api_key:
+        argv.append(f"--api-key={config.api_key}")  # "=": a key may start with "-"
+    argv += flags_from_mapping(config.gateway)
+    return ChildSpec(f"gateway-{i + 1}", GATEWAY, argv, port, config.host)
+
+
+def _redis_spec(port: int) -> ChildSpec:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise ConfigError("several gateways share state in Redis: install redis-server "
+                          "(apt-get install redis-server) or pass --redis-url")
+    # A throwaway store: loopback only, nothing written to disk.
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--protected-mode", "yes", "--loglevel", "warning"]
+    return ChildSpec("redis", REDIS, argv, port)

@@ -1,0 +1,101 @@
+"""`kvgate up` configuration and plan: flags over file over defaults, the port layout, the
+per-replica thread split, GPU pinning, and Redis only when gateways share state."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from kvgate.cli import build_parser
+from kvgate.launcher.command import config_from_args
+from kvgate.launcher.config import ConfigError, UpConfig
+from kvgate.launcher.plan import build_plan, count_gpus
+from kvgate.launcher.supervisor import restart_delay
+
+
+def config_for(*argv: str) -> UpConfig:
+    return config_from_args(build_parser().parse_args(["up", *argv]))
+
+
+def argv_value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_typed_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):
+    path = tmp_path / "up.yaml"
+    path.write_text("port: 9000\nreplicas: 3\nmodel: tiny-random\nengine:\n  num_kv_blocks: 64\n")
+    config = config_for("--config", str(path), "--replicas", "4")
+    assert (config.port, config.replicas, config.model, config.engine) == (9000, 4, "tiny-random", {"num_kv_blocks": 64})
+    # A flag typed with its default value still wins over the file.
+    assert config_for("--config", str(path), "--port", "8000").port == 8000
+
+
+def test_defaults_without_a_file():
+    config = config_for()
+    assert (config.model, config.port, config.gateways, config.replicas, config.redis) == ("default", 8000, 1, None, False)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("replicaz: 2\n", "unknown key"),
+    ("engine:\n  port: 9\n", "set by kvgate up"),
+    ("port: eighty\n", "port must be a number"),
+    ("policy: fastest\n", "unknown policy"),
+    ("- a list\n", "mapping"),
+])
+def test_bad_config_files_are_refused_with_the_key_named(tmp_path, text: str, message: str):
+    path = tmp_path / "up.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        config_for("--config", str(path))
+
+
+def test_cpu_plan_splits_cores_and_puts_replicas_after_the_gateway():
+    plan = build_plan(UpConfig(port=8000), gpus=0, cores=2)
+    assert plan.device == "cpu" and plan.redis is None and len(plan.replicas) == 2
+    assert [r.port for r in plan.replicas] == [8001, 8002] and plan.gateways[0].port == 8000
+    for replica in plan.replicas:
+        assert argv_value(replica.argv, "--num-threads") == "1" and replica.env["OMP_NUM_THREADS"] == "1"
+    gw = plan.gateways[0].argv
+    assert [gw[i + 1] for i, a in enumerate(gw) if a == "--replica"] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert "--redis-url" not in gw
+
+
+def test_two_gateways_share_a_local_redis():
+    plan = build_plan(UpConfig(port=7000, gateways=2, replicas=3), gpus=0, cores=16, redis_port=6400)
+    assert plan.redis is not None and plan.redis_url == "redis://127.0.0.1:6400/0"
+    assert [g.port for g in plan.gateways] == [7000, 7001] and [r.port for r in plan.replicas] == [7002, 7003, 7004]
+    assert all(argv_value(g.argv, "--redis-url") == plan.redis_url for g in plan.gateways)
+    assert argv_value(plan.replicas[0].argv, "--num-threads") == "5"  # 16 cores // 3
+
+
+def test_gpus_get_one_replica_each_pinned_by_cuda_visible_devices():
+    plan = build_plan(UpConfig(), gpus=3, cores=32)
+    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in plan.replicas] == ["0", "1", "2"]
+    assert all(argv_value(r.argv, "--device") == "cuda" and "--num-threads" not in r.argv for r in plan.replicas)
+
+
+def test_extra_engine_flags_and_drain_grace_reach_the_replicas():
+    config = UpConfig(engine={"num_kv_blocks": 64, "no_prefix_caching": True, "seed": None},
+                      speculative_method="ngram", shutdown_grace_s=10)
+    argv = build_plan(config, gpus=0, cores=2).replicas[0].argv
+    assert argv_value(argv, "--num-kv-blocks") == "64" and "--no-prefix-caching" in argv and "--seed" not in argv
+    assert argv_value(argv, "--speculative-method") == "ngram"
+    assert float(argv_value(argv, "--drain-grace")) < config.shutdown_grace_s
+
+
+def test_gpu_count_comes_from_nvidia_smi(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-a)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-b)'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert count_gpus() == 2
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert count_gpus() == 0
+
+
+def test_restart_backoff_doubles_up_to_its_cap():
+    config = UpConfig(restart_backoff_s=1.0, restart_backoff_max_s=30.0)
+    assert [restart_delay(config, n) for n in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    assert restart_delay(config, 10_000) == 30  # no overflow after a long crash loop

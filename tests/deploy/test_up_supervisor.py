@@ -1,0 +1,151 @@
+"""`kvgate up` end to end with real tiny-random replicas: it prints a working base_url,
+restarts a replica killed with SIGKILL, and on SIGTERM leaves no child behind."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from kvgate.launcher.plan import free_port, port_is_free
+
+REPLICAS = 2
+
+
+class Output:
+    """The supervisor's stdout, line by line, readable with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        for line in self.lines:
+            if m := re.search(pattern, line):
+                return m
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.lines.append(line)
+            if m := re.search(pattern, line):
+                return m
+        raise TimeoutError(f"no line matching {pattern!r} in {timeout}s; output:\n" + "\n".join(self.lines))
+
+
+def free_port_run(n: int) -> int:
+    for _ in range(50):
+        base = free_port()
+        if base + n < 65536 and all(port_is_free("127.0.0.1", base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def start_up(*argv: str) -> tuple[subprocess.Popen, Output]:
+    proc = subprocess.Popen([sys.executable, "-m", "kvgate.cli", "up", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return proc, Output(proc)
+
+
+def chat(base_url: str, api_key: str) -> dict:
+    body = {"model": "tiny-random", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    resp = httpx.post(f"{base_url}/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {api_key}"})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+@pytest.mark.timeout(240)
+def test_up_serves_restarts_a_killed_replica_and_stops_every_child(tmp_path):
+    gateways = 1  # with --redis: every kind of child kvgate up runs
+    port = free_port_run(gateways + REPLICAS)
+    proc, out = start_up("--model", "tiny-random", "--replicas", str(REPLICAS), "--gateways", str(gateways),
+                         "--redis", "--port", str(port), "--log-dir", str(tmp_path), "--log-level", "warning")
+    try:
+        base_url = out.wait_for(r"OpenAI base_url:\s+(\S+)", 150).group(1)
+        assert base_url == f"http://127.0.0.1:{port}/v1"
+        replicas = re.findall(r"(http://\S+) \(pid (\d+)\)", out.wait_for(r"^\s+replicas:.*", 5).group(0))
+        assert [url for url, _ in replicas] == [f"http://127.0.0.1:{port + gateways + i}" for i in range(REPLICAS)]
+        pids = [int(pid) for _, pid in replicas]
+        pids.append(int(out.wait_for(r"redis:\s+redis://\S+ \(pid (\d+)\)", 5).group(1)))
+        pids.append(int(out.wait_for(r"gateways:\s+\S+ \(pid (\d+)\)", 5).group(1)))
+        # The key the printed Python snippet uses (generated: gateways sharing Redis need one).
+        api_key = out.wait_for(r'OpenAI\(base_url="\S+", api_key="([^"]+)"\)', 5).group(1)
+        assert chat(base_url, api_key)["choices"][0]["message"]["role"] == "assistant"
+
+        victim_url, victim_pid = replicas[-1][0], int(replicas[-1][1])
+        os.kill(victim_pid, signal.SIGKILL)
+        out.wait_for(rf"replica-{REPLICAS} \(pid {victim_pid}\) killed by SIGKILL; restarting", 10)
+        new_pid = int(out.wait_for(rf"replica-{REPLICAS}: healthy again at {victim_url} \(pid (\d+)\)", 90).group(1))
+        assert new_pid != victim_pid and httpx.get(f"{victim_url}/health", timeout=5).status_code == 200
+        pids.append(new_pid)
+        chat(base_url, api_key)
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        out.wait_for(r"kvgate up: stopped", 5)
+        assert [pid for pid in pids if alive(pid)] == []
+        assert all(port_is_free("127.0.0.1", port + i) for i in range(gateways + REPLICAS))
+    finally:
+        if proc.poll() is None:  # children follow through their parent-death signal
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_that_fails_to_start_stops_up_with_its_log(tmp_path):
+    port = free_port_run(1)
+    proc, out = start_up("--model", str(tmp_path / "no-such-model"), "--replicas", "1", "--gateways", "0",
+                         "--port", str(port), "--log-dir", str(tmp_path), "--log-level", "error")
+    try:
+        assert proc.wait(timeout=100) == 1
+        out.wait_for(r"replica-1 \(pid \d+\) exited with code 1; while starting", 5)
+        out.wait_for(r"^\s+\| ", 5)  # the tail of its log follows
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_children_die_with_a_supervisor_killed_by_sigkill(tmp_path):
+    port = free_port_run(1)
+    proc, out = start_up("--model", "tiny-random", "--replicas", "1", "--gateways", "0", "--redis",
+                         "--port", str(port), "--log-dir", str(tmp_path), "--log-level", "warning")
+    try:
+        out.wait_for(r"Ctrl-C stops everything", 100)
+        pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", "\n".join(out.lines))]
+        assert len(pids) == 2  # the replica and redis
+        proc.kill()  # no handler runs: the kernel's parent-death signal must stop the children
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [pid for pid in pids if alive(pid)] == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

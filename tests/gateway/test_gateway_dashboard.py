@@ -1,0 +1,111 @@
+"""The admin dashboard in a real headless Chromium (Playwright): sign in with the admin key,
+see the replicas, send traffic, and watch the page show the same numbers as /admin/api."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway import procs
+
+pytestmark = pytest.mark.timeout(180)
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).with_name("artifacts")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with procs.two_replicas_and_gateway() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+    if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("chromium is not installed (`apt-get install -y chromium`)")
+        pytest.skip("chromium is not installed (`apt-get install -y chromium`)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def send_traffic(gw, n: int = 6) -> None:
+    system = procs.long_system_prompt("dashboard")
+    for i in range(n):
+        r = httpx.post(gw.url + "/v1/chat/completions", timeout=60, json={
+            "model": procs.MODEL, "max_tokens": 2,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"q{i}"}]})
+        assert r.status_code == 200
+
+
+def page_matches_api(page, gw) -> bool:
+    replicas = procs.admin(gw, "/replicas").json()["data"]
+    summary = procs.admin(gw, "/summary").json()
+    if page.text_content("#m-requests") != str(summary["requests"]):
+        return False
+    if page.text_content("#m-saved") != str(summary["prefill_tokens_saved"]):
+        return False
+    for r in replicas:
+        row = f'#replicas tr[data-replica="{r["name"]}"]'
+        for field in ("requests", "cached_tokens", "predicted_cached_tokens", "index_blocks"):
+            if page.text_content(f'{row} td[data-field="{field}"]') != str(r[field]):
+                return False
+    return True
+
+
+def test_dashboard_signs_in_and_shows_live_numbers(cluster, browser):
+    _, gw = cluster
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(gw.url + "/admin")
+    assert page.is_visible("#login") and not page.is_visible("#app")
+
+    page.fill("#key", "not-the-key")
+    page.click("#login-btn")
+    page.wait_for_function("document.getElementById('login-err').textContent.length > 0")
+    assert not page.is_visible("#app")
+
+    page.fill("#key", procs.ADMIN_KEY)
+    page.click("#login-btn")
+    page.wait_for_selector("#replicas tbody tr[data-replica]", timeout=10_000)
+    assert procs.ADMIN_KEY not in page.url
+    assert page.evaluate("sessionStorage.getItem('kvgate-admin-key')") == procs.ADMIN_KEY
+    names = {r["name"] for r in procs.admin(gw, "/replicas").json()["data"]}
+    shown = set(page.eval_on_selector_all("#replicas tbody tr", "rows => rows.map(r => r.dataset.replica)"))
+    assert shown == names
+    assert page.text_content("#redis") == "local (no Redis)"
+
+    send_traffic(gw)
+    # The page polls every second; once traffic stops it must agree with the API exactly.
+    for _ in range(100):
+        if page_matches_api(page, gw):
+            break
+        page.wait_for_timeout(100)
+    assert page_matches_api(page, gw)
+    summary = procs.admin(gw, "/summary").json()
+    assert summary["prefill_tokens_saved"] > 0
+    assert page.text_content("#m-ratio") == f"{100 * summary['cached_token_ratio']:.1f}%"
+    # Predicted and engine-reported points for the replica that took the traffic.
+    assert page.locator("#chart-hit circle").count() >= 2
+    assert page.locator("#chart-rate circle").count() >= 1
+    assert float(page.text_content("#m-rps")) > 0
+    assert page.locator("#decisions tbody tr").count() >= 6
+    assert "cache_hit" in page.text_content("#decisions")
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
+
+    page.click("#logout")
+    assert page.is_visible("#login")
+    assert page.evaluate("sessionStorage.getItem('kvgate-admin-key')") is None
+    page.close()

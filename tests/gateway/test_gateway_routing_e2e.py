@@ -1,0 +1,138 @@
+"""Routing end to end against two real replicas: a shared long prefix keeps landing on the
+replica that holds it, the engine reports the cached tokens, and the gateway predicted them."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.gateway import procs
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with procs.two_replicas_and_gateway() as running:
+        yield running
+
+
+def chat(gw, system: str, user: str, stream: bool = False) -> tuple[str, dict]:
+    body = {"model": procs.MODEL, "max_tokens": 3, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": user}]}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    if stream:
+        import json
+        events = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: {")]
+        return r.headers["x-kvgate-replica"], events[-1]["usage"]
+    return r.headers["x-kvgate-replica"], r.json()["usage"]
+
+
+def decision(gw, n: int = 1) -> list[dict]:
+    return procs.admin(gw, f"/decisions?limit={n}").json()["data"]
+
+
+def test_shared_prefix_lands_on_its_holder_with_predicted_hits(cluster):
+    _, gw = cluster
+    system = procs.long_system_prompt("alpha")
+    first, usage = chat(gw, system, "question 0")
+    assert usage["prompt_tokens"] > 200
+    for i in range(1, 5):
+        where, usage = chat(gw, system, f"question {i}", stream=(i % 2 == 0))
+        assert where == first
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= 192
+        last = decision(gw)[0]
+        assert last["replica"] == first and last["reason"] == "cache_hit"
+        assert last["predicted_cached_tokens"] == cached == last["engine_cached_tokens"]
+
+
+def test_each_prefix_follows_its_own_holder(cluster):
+    _, gw = cluster
+    holders = {}
+    for tag in ("bravo", "charlie", "delta", "echo"):
+        holders[tag], _ = chat(gw, procs.long_system_prompt(tag), "first")
+    for tag, holder in holders.items():
+        where, usage = chat(gw, procs.long_system_prompt(tag), "second")
+        assert where == holder
+        assert usage["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_index_is_exact_and_fed_by_engine_events(cluster):
+    _, gw = cluster
+    system = procs.long_system_prompt("foxtrot")
+    holder, _ = chat(gw, system, "hi")
+    rows = {r["name"]: r for r in procs.admin(gw, "/replicas").json()["data"]}
+    assert all(r["index"] == "exact" and r["kv_connected"] and r["tokenizer_parity"] == "ok" for r in rows.values())
+    # The engine's events reached the index: the holder has the blocks, not just predictions.
+    assert procs.wait_until(lambda: procs.admin(gw, "/replicas").json()["data"] and
+                            {r["name"]: r for r in procs.admin(gw, "/replicas").json()["data"]}[holder]["index_blocks"] >= 12)
+    totals = procs.admin(gw, "/replicas").json()["data"]
+    assert sum(r["predicted_cached_tokens"] for r in totals) == sum(r["cached_tokens"] for r in totals)
+
+
+def test_draining_replica_gets_nothing_new_and_policy_switches(cluster):
+    _, gw = cluster
+    system = procs.long_system_prompt("golf")
+    holder, _ = chat(gw, system, "one")
+    assert procs.admin(gw, f"/replicas/{holder}/drain", "POST").json()["routable"] is False
+    try:
+        for i in range(3):
+            where, _ = chat(gw, system, f"drained {i}")
+            assert where != holder
+    finally:
+        procs.admin(gw, f"/replicas/{holder}/undrain", "POST")
+    assert procs.admin(gw, "/policy", "PUT", json={"policy": "round_robin"}).json()["policy"] == "round_robin"
+    seen = {chat(gw, system, f"rr {i}")[0] for i in range(4)}
+    assert len(seen) == 2
+    assert procs.admin(gw, "/decisions?limit=1").json()["data"][0]["policy"] == "round_robin"
+    assert procs.admin(gw, "/policy", "PUT", json={"policy": "nope"}).status_code == 400
+    procs.admin(gw, "/policy", "PUT", json={"policy": "kvgate"})
+
+
+def test_without_a_local_tokenizer_the_replicas_tokenize(cluster):
+    replicas, _ = cluster
+    gw = procs.gateway([r.url for r in replicas], local_tokenizer=False).start()
+    try:
+        system = procs.long_system_prompt("remote-tokenizer")
+        holder, _ = chat(gw, system, "one")
+        where, usage = chat(gw, system, "two")
+        assert where == holder
+        last = decision(gw)[0]
+        assert last["predicted_cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"] > 0
+        assert {r["tokenizer_parity"] for r in procs.admin(gw, "/replicas").json()["data"]} == {"remote"}
+    finally:
+        gw.stop()
+
+
+def test_replicas_are_removed_and_added_at_run_time(cluster):
+    replicas, gw = cluster
+    names = {r["url"]: r["name"] for r in procs.admin(gw, "/replicas").json()["data"]}
+    gone = names[replicas[0].url]
+    assert procs.admin(gw, f"/replicas/{gone}", "DELETE").json() == {"removed": gone}
+    assert procs.admin(gw, f"/replicas/{gone}", "DELETE").status_code == 404
+    assert {chat(gw, procs.long_system_prompt(f"solo{i}"), "x")[0] for i in range(4)} == {names[replicas[1].url]}
+    added = procs.admin(gw, "/replicas", "POST", json={"url": replicas[0].url, "name": "again"}).json()
+    assert added["name"] == "again" and added["models"] == [procs.MODEL] and added["tokenizer_parity"] == "ok"
+    assert procs.wait_until(lambda: {r["name"]: r for r in procs.admin(gw, "/replicas").json()["data"]}["again"]["kv_connected"])
+    assert procs.admin(gw, "/replicas", "POST", json={"url": "ftp://x"}).status_code == 400
+    seen = {chat(gw, procs.long_system_prompt(f"duo{i}"), "x")[0] for i in range(8)}
+    assert "again" in seen
+
+
+def test_client_leaving_mid_stream_releases_the_booking_and_the_replica(cluster):
+    replicas, gw = cluster
+    body = {"model": procs.MODEL, "prompt": "go on", "max_tokens": 1900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=60) as r:
+        name = r.headers["x-kvgate-replica"]
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))
+        assert {x["name"]: x for x in procs.admin(gw, "/replicas").json()["data"]}[name]["in_flight"] >= 1
+    # The gateway closed its upstream stream, so the replica aborted the generation, and the
+    # gateway's booking is gone.
+    url = {x["name"]: x["url"] for x in procs.admin(gw, "/replicas").json()["data"]}[name]
+    assert procs.wait_until(lambda: httpx.get(url + "/kv/snapshot").json()["load"]["running"] == 0, 5)
+    assert procs.wait_until(lambda: {x["name"]: x for x in procs.admin(gw, "/replicas").json()["data"]}[name]["in_flight"] == 0, 5)
