@@ -93,7 +93,7 @@ def server_settings_from_args(args: argparse.Namespace):  # -> ServerSettings
     return settings
 
 
-def _run_engine(args: argparse.Namespace, announce: bool) -> int:
+def _run_engine(args: argparse.Namespace) -> int:
     from backend_engine.server.launcher import serve
 
     try:
@@ -102,7 +102,7 @@ def _run_engine(args: argparse.Namespace, announce: bool) -> int:
         print(f"kvgate: {exc}", file=sys.stderr)
         return 2
     settings = server_settings_from_args(args)
-    return serve(settings, config, on_ready=_print_usage if announce else None)
+    return serve(settings, config, on_ready=_print_usage)
 
 
 def _print_usage(state) -> None:  # noqa: ANN001 - ServerState, imported lazily
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "engine":
-        return _run_engine(args, announce=False)
+        return _run_engine(args)
     if args.command == "gateway":
         return _run_gateway(args)
     if args.command == "up":
