@@ -35,6 +35,7 @@ class Field:
     shape: str  # the new prompt's field, masked
     left: tuple[str, ...]  # masked template words before it
     right: tuple[str, ...]  # and after it
+    glued: tuple[bool, bool]  # no space between the field and the word before / after it
     shared_after_fix: int  # tokens both prompts would share with the field moved to the end
 
     def cached_tokens_now(self, block_size: int) -> int:
@@ -108,8 +109,11 @@ def locate_field(new: bytes, old: bytes, div: Divergence, tokenizer: TokenText) 
     kind = pair_kind(new_text, old_text)
     if kind is None:
         return None
-    left = context_words_masked(new_tokens.span(start - CONTEXT_TOKENS, start))[-CONTEXT_WORDS:]
-    after = div.new_end + grown
-    right = context_words_masked(new_tokens.span(after, after + CONTEXT_TOKENS))[:CONTEXT_WORDS]
+    before = new_tokens.span(start - CONTEXT_TOKENS, start)
+    after = new_tokens.span(div.new_end + grown, div.new_end + grown + CONTEXT_TOKENS)
+    glued = (bool(before) and not before[-1:].isspace() and not new_text[:1].isspace(),
+             bool(after) and not after[:1].isspace())
     return Field(start, div.new_end + grown, div.old_end + grown, kind, mask_field(new_text),
-                 tuple(left), tuple(right), start + div.tail - grown)
+                 tuple(context_words_masked(before)[-CONTEXT_WORDS:]),
+                 tuple(context_words_masked(after)[:CONTEXT_WORDS]), glued,
+                 start + div.tail - grown)

@@ -42,6 +42,7 @@ class FieldAdvice:
     shape: str
     left: tuple[str, ...]
     right: tuple[str, ...]
+    glued: tuple[bool, bool]
     cached_tokens_now: int  # what the cache can reuse today: whole blocks before the field
     saving_tokens: int  # per request, from the latest occurrence
     first_seen: float
@@ -54,7 +55,9 @@ class FieldAdvice:
 
     @property
     def excerpt(self) -> str:
-        return " ".join(["…", *self.left, f"⟦{self.shape}⟧", *self.right, "…"])
+        before = " ".join(["…", *self.left]) + ("" if self.glued[0] else " ")
+        after = ("" if self.glued[1] else " ") + " ".join([*self.right, "…"])
+        return f"{before}⟦{self.shape}⟧{after}"
 
 
 @dataclass(slots=True)
@@ -145,7 +148,8 @@ class PrefixAdvisor:
                 del entry.fields[stalest.position]
             advice = entry.fields[found.start] = FieldAdvice(
                 key, model, found.start, found.kind, found.shape, found.left, found.right,
-                found.cached_tokens_now(c.block_size), 0, now, recent=deque(maxlen=c.window))
+                found.glued, found.cached_tokens_now(c.block_size), 0, now,
+                recent=deque(maxlen=c.window))
         else:
             advice.left = _merge(advice.left, found.left, from_right=True)
             advice.right = _merge(advice.right, found.right, from_right=False)
