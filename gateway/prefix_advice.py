@@ -175,10 +175,13 @@ class PrefixAdvisor:
         return self._recent(entry, advice) >= self.config.min_occurrences
 
     def snapshot(self) -> list[dict]:
-        """Every tracked field, active advice first, then by prefill tokens wasted."""
+        """Every field that is or was advice, active first, then by prefill tokens wasted.
+        Candidates that never recurred enough are not shown: one-offs are no advice."""
         rows = []
         for entry in self._entries.values():
             for advice in entry.fields.values():
+                if not advice.reported:
+                    continue
                 recent = self._recent(entry, advice)
                 rows.append({
                     "key": advice.key, "model": advice.model,

@@ -163,7 +163,7 @@ def test_stable_prompts_and_multi_turn_chats_give_no_advice(tok):
     assert advisor.snapshot() == []
 
 
-def test_a_one_off_field_is_tracked_but_never_advice(tok):
+def test_a_one_off_field_is_never_advice(tok):
     rng = random.Random(7)
     stable = chat(tok, f"Today is Monday. You are the ACME support assistant. {RULES}")
     odd = chat(tok, f"Today is {timestamp(rng)}. You are the ACME support assistant. {RULES}")
@@ -171,9 +171,7 @@ def test_a_one_off_field_is_tracked_but_never_advice(tok):
     found = feed(advisor, tok, [stable, odd, stable, stable])
     assert [f is not None for f in found] == [False, True, False, False]
     assert found[1].reported == 0 and not found[1].active
-    rows = advisor.snapshot()
-    assert len(rows) == 1 and not rows[0]["active"] and rows[0]["occurrences"] == 1
-    assert advisor.active_savings() == {}
+    assert advisor.snapshot() == [] and advisor.active_savings() == {}
 
 
 def test_advice_fades_once_the_field_is_fixed(tok):
@@ -185,7 +183,7 @@ def test_advice_fades_once_the_field_is_fixed(tok):
     fixed = chat(tok, f"{RULES} Now: {timestamp(rng)}.")
     feed(advisor, tok, [fixed] * config.window)
     rows = advisor.snapshot()
-    assert rows and not any(r["active"] for r in rows)
+    assert len(rows) == 1 and not rows[0]["active"] and rows[0]["recent_occurrences"] == 0
     assert advisor.active_savings() == {}
 
 
