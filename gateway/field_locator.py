@@ -36,6 +36,7 @@ class Field:
     left: tuple[str, ...]  # masked template words before it
     right: tuple[str, ...]  # and after it
     glued: tuple[bool, bool]  # no space between the field and the word before / after it
+    values: tuple[int, int]  # hashes of the new and the old prompt's field text (never the text)
     shared_after_fix: int  # tokens both prompts would share with the field moved to the end
 
     def cached_tokens_now(self, block_size: int) -> int:
@@ -116,4 +117,4 @@ def locate_field(new: bytes, old: bytes, div: Divergence, tokenizer: TokenText) 
     return Field(start, div.new_end + grown, div.old_end + grown, kind, mask_field(new_text),
                  tuple(context_words_masked(before)[-CONTEXT_WORDS:]),
                  tuple(context_words_masked(after)[:CONTEXT_WORDS]), glued,
-                 start + div.tail - grown)
+                 (hash(new_text.strip()), hash(old_text.strip())), start + div.tail - grown)

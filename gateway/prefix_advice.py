@@ -31,6 +31,7 @@ class AdviceConfig:
     window: int = 32  # ... within this many prompts of its (key, model)
     max_entries: int = 64  # (key, model) pairs tracked; the least recently used is dropped
     max_fields: int = 4  # positions tracked per (key, model)
+    max_values: int = 64  # field values remembered per position (as hashes)
 
 
 @dataclass(slots=True)
@@ -52,6 +53,7 @@ class FieldAdvice:
     reported: int = 0  # occurrences already counted in the metrics
     reported_waste: int = 0
     recent: deque[int] = field(default_factory=deque)  # prompt ordinals of recent occurrences
+    values: OrderedDict[int, None] = field(default_factory=OrderedDict)  # hashes of values seen
 
     @property
     def excerpt(self) -> str:
@@ -139,9 +141,14 @@ class PrefixAdvisor:
             return None
         return found
 
-    def _count(self, entry: _Entry, key: str, model: str, found: Field) -> Occurrence:
+    def _count(self, entry: _Entry, key: str, model: str, found: Field) -> Occurrence | None:
         c, now = self.config, self.clock()
         advice = entry.fields.get(found.start)
+        if advice is not None and found.values[0] in advice.values:
+            # A value seen before (a returning user, one of a few variants): the engine likely
+            # still holds that prompt's blocks, so this is no miss the field causes every time.
+            advice.values.move_to_end(found.values[0])
+            return None
         if advice is None:
             if len(entry.fields) >= c.max_fields:
                 stalest = min(entry.fields.values(), key=lambda a: a.recent[-1])
@@ -154,6 +161,11 @@ class PrefixAdvisor:
             advice.left = _merge(advice.left, found.left, from_right=True)
             advice.right = _merge(advice.right, found.right, from_right=False)
             advice.kind, advice.shape = found.kind, found.shape
+        for value in found.values:
+            advice.values[value] = None
+            advice.values.move_to_end(value)
+        while len(advice.values) > c.max_values:
+            advice.values.popitem(last=False)
         advice.saving_tokens = found.saving_tokens(c.block_size)
         advice.occurrences += 1
         advice.wasted_tokens += advice.saving_tokens

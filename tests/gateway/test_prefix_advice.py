@@ -174,6 +174,20 @@ def test_a_one_off_field_is_never_advice(tok):
     assert advisor.snapshot() == [] and advisor.active_savings() == {}
 
 
+def test_variants_that_come_back_stop_counting(tok):
+    # Ten fixed variants, more than the prompts the advisor keeps: each variant's first prompt
+    # misses the cache at the field; when it comes back the engine likely still holds it.
+    products = ["Atlas", "Borealis", "Cygnus", "Draco", "Eridanus", "Fornax", "Grus", "Hydra",
+                "Indus", "Lyra"]
+    prompts = [chat(tok, f"You support the {p} product. {RULES}") for p in products] * 5
+    advisor = PrefixAdvisor()
+    found = feed(advisor, tok, prompts)
+    assert sum(f is not None for f in found) == 9 and all(f is None for f in found[10:])
+    rows = advisor.snapshot()
+    assert len(rows) == 1 and rows[0]["kind"] == "word" and not rows[0]["active"]
+    assert_masked(advisor, products)
+
+
 def test_advice_fades_once_the_field_is_fixed(tok):
     rng = random.Random(8)
     config = AdviceConfig(window=8)
