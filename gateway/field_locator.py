@@ -12,7 +12,6 @@ from gateway.prefix_divergence import Divergence, unpack
 from gateway.volatile_fields import context_words_masked, is_field_char, mask_field, pair_kind
 
 
-
 class TokenText(Protocol):
     """What the locator needs of a tokenizer (gateway.tokenizer.LocalTokenizer has both)."""
 
