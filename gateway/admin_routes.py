@@ -150,6 +150,22 @@ async def set_policy(request: Request) -> dict:
     return {"policy": state.router.policy.name}
 
 
+@api.get("/prefix_advice")
+async def prefix_advice(request: Request) -> dict:
+    """Volatile fields that defeat the prefix cache, per (key, model); masked, never raw text."""
+    state: GatewayState = request.app.state.gateway
+    models = sorted({m for r in state.replicas.values() for m in r.models})
+    unreadable = [m for m in models if state.tokens.local(m) is None]
+    if state.advice is None:
+        return {"enabled": False, "data": [], "models_without_tokenizer": unreadable}
+    size, c = state.advice.size(), state.advice.config
+    return {"enabled": True, "data": state.advice.snapshot(),
+            "models_without_tokenizer": unreadable, "tracked": size.entries,
+            "prompts_kept": size.prompts, "prompt_bytes": size.prompt_bytes,
+            "min_occurrences": c.min_occurrences, "window_prompts": c.window,
+            "block_size": c.block_size}
+
+
 @page.get("/admin")
 async def dashboard() -> HTMLResponse:
     # No key here: the page asks for it and sends it as a bearer token to /admin/api.

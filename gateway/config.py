@@ -49,6 +49,7 @@ class GatewayConfig:
     max_messages: int = 2048
     max_prompt_tokens: int = 131072
     decisions_kept: int = 500
+    prefix_advice: bool = True  # watch prompts for volatile fields that defeat the cache
     seed: int | None = None
     log_level: str = "info"
 

@@ -109,3 +109,32 @@ def test_dashboard_signs_in_and_shows_live_numbers(cluster, browser):
     assert page.is_visible("#login")
     assert page.evaluate("sessionStorage.getItem('kvgate-admin-key')") is None
     page.close()
+
+
+def test_dashboard_shows_prefix_advice_masked(cluster, browser):
+    _, gw = cluster
+    stamps = [f"2025-0{i + 1}-1{i} 0{i}:3{i}:5{i}" for i in range(4)]
+    rules = procs.long_system_prompt("advice")
+    for ts in stamps:
+        r = httpx.post(gw.url + "/v1/chat/completions", timeout=60, json={
+            "model": procs.MODEL, "max_tokens": 1,
+            "messages": [{"role": "system", "content": f"Now: {ts}. {rules}"},
+                         {"role": "user", "content": "hi"}]})
+        assert r.status_code == 200
+    advice = procs.admin(gw, "/prefix_advice").json()["data"]
+    assert len(advice) == 1 and advice[0]["active"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(gw.url + "/admin")
+    page.fill("#key", procs.ADMIN_KEY)
+    page.click("#login-btn")
+    row = page.wait_for_selector('#prefix-advice tbody tr[data-key="anonymous"]', timeout=10_000)
+    assert row.query_selector('[data-field="excerpt"]').text_content() == advice[0]["excerpt"]
+    assert "⟦####-##-## ##:##:##⟧" in advice[0]["excerpt"]
+    assert row.query_selector('[data-field="saving_tokens_per_request"]').text_content() == str(
+        advice[0]["saving_tokens_per_request"])
+    assert "active" in row.text_content()
+    text = page.text_content("#advice-panel")
+    assert not any(piece in text for ts in stamps for piece in ts.split())
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#advice-panel").screenshot(path=str(ARTIFACTS / "prefix_advice.png"))
+    page.close()
