@@ -19,6 +19,7 @@ from backend_engine.model_loader import check_architecture, resolve_model
 from backend_engine.model_runner import ModelRunner, SeqResult
 from backend_engine.output_processor import OutputProcessor, RequestState
 from backend_engine.outputs import RequestOutput
+from backend_engine.pins import Pin, PinTable
 from backend_engine.sampler import SamplingRow
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.scheduler import Scheduler
@@ -41,8 +42,10 @@ class LLMEngine:
         self.runner = ModelRunner(config, files.folder, self.hf_config, self.max_model_len)
         self.block_size = config.block_size
         self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching,
-                              config.kv_event_buffer)
+                              config.kv_event_buffer, config.eviction_policy,
+                              config.max_pinned_fraction)
         self.kv = KVCacheManager(self.pool, config.block_size)
+        self.pins = PinTable(self.pool, config.block_size)
         self.scheduler = Scheduler(config, self.kv)
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
@@ -114,7 +117,8 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, prompt: str | None = None,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, pin: Pin | None = None) -> None:
+        """Queue a request; with `pin`, it is the prefill that warms that pin's blocks."""
         if request_id in self.requests:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         max_tokens = self.check_request(prompt_token_ids, params)
@@ -132,12 +136,15 @@ class LLMEngine:
                                                            seqs, arrival, prompt)
         for seq in seqs:
             self.scheduler.add(seq)
+        if pin is not None:
+            self.pins.begin(request_id, pin)
         self.stats.prompt_tokens += len(prompt_token_ids)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         state = self.requests.pop(request_id, None)
         if state is None:
             return None
+        self.pins.abort(request_id)
         for seq, out in zip(state.seqs, state.outputs):
             if not seq.is_finished:
                 self._finish(seq, ("abort", None), time.monotonic())
@@ -179,6 +186,8 @@ class LLMEngine:
                 reason = self._append_tokens(state, seq, result, now)
                 touched[state.request_id] = state
             self.kv.cache_computed_blocks(seq)  # before a finish frees the blocks
+            if reason is not None and seq.request_id in self.pins.warming:
+                self.pins.complete(seq.request_id, seq.block_hashes)
             if reason is not None:
                 self._finish(seq, reason, now)
             elif drafted:
@@ -262,7 +271,9 @@ class LLMEngine:
                 "kv_usage": round(self.pool.usage(), 4),
                 "pending_prefill_tokens": self.scheduler.pending_prefill_tokens(),
                 "num_free_blocks": self.pool.num_free_blocks,
-                "num_total_blocks": self.pool.num_blocks}
+                "num_total_blocks": self.pool.num_blocks,
+                "pinned_blocks": self.pool.num_pinned_blocks,
+                "max_pinned_blocks": self.pool.max_pinned_blocks}
 
     def kv_snapshot(self) -> dict:
         seq = self.pool.event_seq  # read before the blocks: replaying later events is idempotent
