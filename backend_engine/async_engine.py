@@ -134,12 +134,12 @@ class AsyncLLMEngine:
                   excerpt: str = "") -> dict:
         """Warm the prefix (a prefill-only request) and pin its full blocks; idempotent per id."""
         pins = self.engine.pins
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        self.engine.check_request(token_ids, params)
         pin = pins.prepare(pin_id, token_ids, namespace_for(self.model_id, cache_salt),
                            cache_salt, excerpt)
         if pin_id in pins.pins:
             return pins.pins[pin_id].view()
-        params = SamplingParams(max_tokens=1, temperature=0.0)
-        self.engine.check_request(token_ids, params)
         async for _ in self.generate(token_ids, params, f"pin-{pin_id}-{uuid.uuid4().hex[:8]}",
                                      cache_salt, pin=pin):
             pass
