@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import httpx
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PUSH_TIMEOUT_S = 120.0  # warming a long prefix on a CPU replica takes a while
+RETRY_FAILED_S = 15.0  # a push that failed (5xx, timeout) is retried this often; refusals are not
 
 PINNED, REFUSED, FAILED = "pinned", "refused", "failed"
 
@@ -29,6 +31,7 @@ class PinSync:
         self.state = state
         self.status: dict[str, dict[str, dict]] = {}  # pin id → replica name → outcome
         self._tasks: dict[str, asyncio.Task] = {}  # running reconciliations, by replica name
+        self._last_reconcile: dict[str, float] = {}
 
     def targets(self, model: str) -> list["Replica"]:
         return [r for r in self.state.serving(model) if r.health == HEALTHY and r.exact]
@@ -67,7 +70,15 @@ class PinSync:
         running = self._tasks.get(replica.name)
         if running is not None and not running.done():
             return
+        self._last_reconcile[replica.name] = time.monotonic()
         self._tasks[replica.name] = asyncio.create_task(self.reconcile(replica))
+
+    def retry_failed(self, replica: "Replica") -> None:
+        """Called by the health checker: reconcile again if a push to this replica failed."""
+        since = time.monotonic() - self._last_reconcile.get(replica.name, 0.0)
+        if since >= RETRY_FAILED_S and any(per.get(replica.name, {}).get("state") == FAILED
+                                           for per in self.status.values()):
+            self.schedule_reconcile(replica)
 
     async def reconcile(self, replica: "Replica") -> None:
         """Make the replica hold exactly the stored pins of the models it serves."""
@@ -93,6 +104,7 @@ class PinSync:
     def forget_replica(self, name: str) -> None:
         for per_replica in self.status.values():
             per_replica.pop(name, None)
+        self._last_reconcile.pop(name, None)
         task = self._tasks.pop(name, None)
         if task is not None:
             task.cancel()
