@@ -56,9 +56,10 @@ class PinSync:
         return {r.name: o for r, o in zip(replicas, outcomes)}
 
     async def remove_all(self, pin_id: str) -> None:
+        """Unpin everywhere; a replica that misses this drops the pin when next reconciled."""
         self.status.pop(pin_id, None)
         await asyncio.gather(*(self._delete(r, pin_id) for r in list(self.state.replicas.values())
-                               if r.health == HEALTHY and r.exact))
+                               if r.exact))
 
     async def _delete(self, replica: "Replica", pin_id: str) -> None:
         try:
@@ -91,14 +92,21 @@ class PinSync:
             return
         records = [r for r in await self.state.pin_store.all() if r.model in replica.models]
         wanted = {r.pin_id for r in records}
+        pushed = []
         for record in records:
             if record.pin_id in present:
                 self.status.setdefault(record.pin_id, {})[replica.name] = _pinned(present[record.pin_id])
             else:
                 log.info("re-warming pin %s on %s", record.pin_id, replica.name)
                 await self.push(record, replica)
+                pushed.append(record.pin_id)
         for pin_id in present:
             if pin_id.startswith(GATEWAY_PIN_PREFIX) and pin_id not in wanted:
+                await self._delete(replica, pin_id)
+        if pushed:  # an admin may have removed one while it was warming
+            still = {r.pin_id for r in await self.state.pin_store.all()}
+            for pin_id in set(pushed) - still:
+                self.status.pop(pin_id, None)
                 await self._delete(replica, pin_id)
 
     def forget_replica(self, name: str) -> None:

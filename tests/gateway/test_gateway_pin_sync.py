@@ -42,7 +42,7 @@ class FakeReplicaServer:
 
 class FakeState:
     def __init__(self, server: FakeReplicaServer) -> None:
-        self.client = httpx.AsyncClient(transport=httpx.MockTransport(server.handle))
+        self.client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: server.handle(r)))
         self.replica = Replica("r1", "http://r1", CircuitBreaker(3, 5.0), models=[MODEL], health=HEALTHY)
         self.replicas = {"r1": self.replica}
         self.metrics = GatewayMetrics()
@@ -88,4 +88,22 @@ async def test_a_refused_push_is_not_retried(monkeypatch):
     sync.status["gw-1"] = {"r1": {"state": "refused", "detail": "over capacity"}}
     sync.retry_failed(state.replica)
     assert not sync._tasks
+    await state.client.aclose()
+
+
+async def test_a_pin_removed_while_it_was_warming_is_removed_from_the_replica():
+    server = FakeReplicaServer()
+    state = FakeState(server)
+    sync = PinSync(state)
+    await state.pin_store.put(PinRecord("gw-1", MODEL, {"prompt": "x" * 64}, "x"))
+    original = server.handle
+
+    def delete_during_warm(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            state.pin_store._local.clear()  # the admin's DELETE lands while the replica warms
+        return original(request)
+
+    server.handle = delete_during_warm
+    await sync.reconcile(state.replica)
+    assert server.pins == {} and "gw-1" not in sync.status
     await state.client.aclose()
