@@ -98,7 +98,7 @@ class AsyncLLMEngine:
                        ) -> AsyncIterator[RequestOutput]:
         if self.dead is not None:
             raise EngineDeadError("the engine stopped after an internal error")
-        self.engine.check_request(prompt_token_ids, params)
+        self.engine.check_request(prompt_token_ids, params, cache_salt)
         limit = self.config.max_waiting
         if limit is not None and self.num_waiting() >= limit:
             raise EngineOverloadedError("the waiting queue is full; retry later")
@@ -135,7 +135,7 @@ class AsyncLLMEngine:
         """Warm the prefix (a prefill-only request) and pin its full blocks; idempotent per id."""
         pins = self.engine.pins
         params = SamplingParams(max_tokens=1, temperature=0.0)
-        self.engine.check_request(token_ids, params)
+        self.engine.check_request(token_ids, params, cache_salt)
         pin = pins.prepare(pin_id, token_ids, namespace_for(self.model_id, cache_salt),
                            cache_salt, excerpt)
         if pin_id in pins.pins:

@@ -86,8 +86,17 @@ class LLMEngine:
     def kv_capacity_tokens(self) -> int:
         return self.pool.num_blocks * self.block_size
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        """Validate a request without touching engine state (safe from any thread); returns
+    def kv_room_tokens(self, prompt_token_ids: list[int], cache_salt: str | None = None) -> int:
+        """KV tokens one request can hold: the pool less the pinned blocks it does not reuse."""
+        pinned = self.pool.num_pinned_blocks
+        if pinned:
+            namespace = namespace_for(self.model_id, cache_salt)
+            pinned -= self.pins.num_pinned_prefix_blocks(prompt_token_ids, namespace)
+        return (self.pool.num_blocks - pinned) * self.block_size
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                      cache_salt: str | None = None) -> int:
+        """Validate a request without changing engine state (safe from any thread); returns
         the effective max_tokens."""
         n = len(prompt_token_ids)
         if n == 0:
@@ -107,11 +116,12 @@ class LLMEngine:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {asked} tokens ({n} in the prompt, {asked - n} for the "
                 f"completion). Please reduce the length of the prompt or the completion.")
-        pool_room = self.kv_capacity_tokens - n
+        capacity = self.kv_room_tokens(prompt_token_ids, cache_salt)
+        pool_room = capacity - n
         if pool_room < 1:
             raise ContextLengthExceededError(
                 f"the prompt ({n} tokens) does not fit in this replica's KV cache "
-                f"({self.kv_capacity_tokens} tokens)")
+                f"({capacity} tokens not held by pinned prefixes)")
         max_tokens = room if params.max_tokens is None else params.max_tokens
         return min(max_tokens, pool_room)
 
@@ -121,7 +131,7 @@ class LLMEngine:
         """Queue a request; with `pin`, it is the prefill that warms that pin's blocks."""
         if request_id in self.requests:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
-        max_tokens = self.check_request(prompt_token_ids, params)
+        max_tokens = self.check_request(prompt_token_ids, params, cache_salt)
         namespace = namespace_for(self.model_id, cache_salt)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         seqs: list[Sequence] = []

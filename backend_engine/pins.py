@@ -119,6 +119,17 @@ class PinTable:
         return True
 
     # -- any thread --------------------------------------------------------------------------
+    def num_pinned_prefix_blocks(self, token_ids: list[int], namespace: str) -> int:
+        """How many of these tokens' leading full blocks are pinned (a request reuses them)."""
+        num_full = min(len(token_ids) // self.block_size, self.pool.max_pinned_blocks)
+        count = 0
+        for h in block_hashes(token_ids[:num_full * self.block_size], namespace, self.block_size):
+            block = self.pool.lookup(h)
+            if block is None or block.pin_cnt == 0:
+                break
+            count += 1
+        return count
+
     def capacity(self) -> dict:
         return {"pinned_blocks": self.pool.num_pinned_blocks,
                 "max_pinned_blocks": self.pool.max_pinned_blocks,

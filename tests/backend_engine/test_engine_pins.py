@@ -77,3 +77,18 @@ async def test_bad_pins_are_refused_and_change_nothing():
         assert pool.num_free_blocks == pool.num_blocks - 4
     finally:
         await engine.shutdown()
+
+
+async def test_requests_are_sized_to_the_pool_less_the_pins_they_do_not_share():
+    engine = _engine()  # 48 blocks, 12 pinnable
+    await engine.start()
+    try:
+        pinned = list(range(700, 700 + 16 * 12))
+        await engine.pin("big", pinned)
+        other = list(range(5000, 5000 + 16 * 40))  # 40 blocks: more than the 36 unpinned ones
+        with pytest.raises(InvalidRequestError, match="pinned prefixes"):
+            await _cached_tokens(engine, "too-big", other)
+        sharing = pinned + list(range(9000, 9000 + 16 * 28 - 4))  # 40 blocks, 12 of them pinned
+        assert await _cached_tokens(engine, "fits", sharing) == 16 * 12
+    finally:
+        await engine.shutdown()
