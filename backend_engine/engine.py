@@ -197,7 +197,7 @@ class LLMEngine:
                 touched[state.request_id] = state
             self.kv.cache_computed_blocks(seq)  # before a finish frees the blocks
             if reason is not None and seq.request_id in self.pins.warming:
-                self.pins.complete(seq.request_id, seq.block_hashes)
+                self.pins.complete(seq.request_id, seq.block_hashes, self._largest_need(seq))
             if reason is not None:
                 self._finish(seq, reason, now)
             elif drafted:
@@ -214,6 +214,13 @@ class LLMEngine:
                 del self.requests[state.request_id]
                 self.stats.observe("e2e", now - state.arrival_time)
         return outputs
+
+    def _largest_need(self, finishing: Sequence) -> int:
+        """KV blocks the largest other unfinished sequence may need (a pin must leave room)."""
+        seqs = [s for s in (*self.scheduler.running, *self.scheduler.waiting)
+                if s is not finishing and not s.is_finished]
+        return max((-(-(s.num_prompt_tokens + s.max_tokens) // self.block_size) for s in seqs),
+                   default=0)
 
     def _propose_drafts(self) -> None:
         if self.proposer is None or not self.scheduler.running:

@@ -85,8 +85,9 @@ class PinTable:
         self.failures.pop(pin.pin_id, None)
         self.warming[request_id] = pin
 
-    def complete(self, request_id: str, computed_hashes: list[int]) -> None:
-        """The warming request computed its prompt: pin those blocks (once per pin id)."""
+    def complete(self, request_id: str, computed_hashes: list[int], largest_need: int = 0) -> None:
+        """The warming request computed its prompt: pin those blocks (once per pin id), unless
+        a request in flight, `largest_need` blocks at most, would then no longer fit."""
         pin = self.warming.pop(request_id, None)
         if pin is None:
             return
@@ -95,6 +96,12 @@ class PinTable:
         try:
             if computed_hashes[:len(pin.block_hashes)] != pin.block_hashes:
                 raise BlockNotCachedError("the warmed prefix hashed differently")
+            blocks = [self.pool.lookup(h) for h in pin.block_hashes]
+            new = sum(1 for b in blocks if b is None or b.pin_cnt == 0)
+            if largest_need > self.pool.num_blocks - self.pool.num_pinned_blocks - new:
+                raise PinnedCapacityError(
+                    f"a request in flight needs {largest_need} KV blocks, which would no longer "
+                    f"fit beside this pin; retry when it has finished")
             pin.blocks = self.pool.pin(pin.block_hashes)
         except PinnedCapacityError as exc:
             self.failures[pin.pin_id] = PinCapacityError(str(exc))

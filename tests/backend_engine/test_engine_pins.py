@@ -92,3 +92,21 @@ async def test_requests_are_sized_to_the_pool_less_the_pins_they_do_not_share():
         assert await _cached_tokens(engine, "fits", sharing) == 16 * 12
     finally:
         await engine.shutdown()
+
+
+async def test_a_pin_that_would_starve_a_request_in_flight_is_refused():
+    engine = _engine()  # 48 blocks, 12 pinnable
+    await engine.start()
+    try:
+        params = SamplingParams(temperature=0, max_tokens=16 * 20, ignore_eos=True)
+        long_run = engine.generate(list(range(4000, 4000 + 16 * 20)), params, "long")  # 40 blocks
+        first = await anext(long_run)  # admitted and running
+        assert not first.finished
+        with pytest.raises(PinCapacityError, match="in flight"):
+            await engine.pin("big", list(range(700, 700 + 16 * 12)))
+        await engine.pin("small", PREFIX)  # 4 blocks: 48 - 4 still holds the 40
+        async for out in long_run:
+            last = out
+        assert last.finished and len(last.outputs[0].token_ids) == 16 * 20
+    finally:
+        await engine.shutdown()
