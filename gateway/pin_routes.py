@@ -77,5 +77,6 @@ async def delete_pin(request: Request, pin_id: str) -> dict:
 
 def _replica_error(outcome: dict) -> APIError:
     error = outcome.get("error") or {}
-    return APIError(outcome.get("http_status", 400), f"Every replica refused the pin: {outcome.get('detail')}",
-                    error.get("type", "invalid_request_error"), error.get("param"), error.get("code"))
+    message = f"Every replica refused the pin: {outcome.get('detail')}"
+    return APIError(outcome.get("http_status", 400), message, error.get("type", "invalid_request_error"),
+                    error.get("param"), error.get("code"))
