@@ -58,6 +58,8 @@ def replica_view(state: GatewayState, replica: Replica) -> dict:
         "in_flight": 0 if load is None else load.in_flight,
         "pending_prefill_tokens": 0 if load is None else load.pending_prefill_tokens,
         "kv_usage": float(replica.load.get("kv_usage", 0.0)),
+        "pinned_blocks": replica.load.get("pinned_blocks"),
+        "max_pinned_blocks": replica.load.get("max_pinned_blocks"),
         "engine_running": int(replica.load.get("running", 0)),
         "engine_waiting": int(replica.load.get("waiting", 0)),
         "requests": c.requests, "errors": c.errors, "prompt_tokens": c.prompt_tokens,

@@ -38,7 +38,7 @@ _SPEC_COUNTERS = (
 )
 
 _ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
-           "/metrics", "/kv/snapshot", "/kv/events"}
+           "/metrics", "/kv/snapshot", "/kv/events", "/admin/pins"}
 
 
 class _EngineCollector(Collector):
@@ -62,6 +62,10 @@ class _EngineCollector(Collector):
         for reason, count in sorted(getattr(stats, "finished_by_reason", {}).items()):
             outcomes.add_metric([reason], float(count))
         yield outcomes
+        pins = getattr(engine, "pins", None)
+        if pins is not None:
+            yield GaugeMetricFamily("kvgate_pinned_prefixes", "Prefixes pinned on this replica.",
+                                    value=float(len(pins())))
         load = engine.load()
         for key, name, doc in (
             ("running", "kvgate_num_requests_running", "Requests in the running batch."),
@@ -70,6 +74,9 @@ class _EngineCollector(Collector):
             ("pending_prefill_tokens", "kvgate_pending_prefill_tokens", "Prompt tokens not yet prefilled."),
             ("num_free_blocks", "kvgate_kv_cache_free_blocks", "KV blocks not held by a running request."),
             ("num_total_blocks", "kvgate_kv_cache_total_blocks", "KV blocks in the pool."),
+            ("pinned_blocks", "kvgate_kv_cache_pinned_blocks", "KV blocks held by pinned prefixes."),
+            ("max_pinned_blocks", "kvgate_kv_cache_pinned_capacity_blocks",
+             "KV blocks pinned prefixes may hold (max_pinned_fraction of the pool)."),
         ):
             if key in load:
                 yield GaugeMetricFamily(name, doc, value=float(load[key]))
@@ -136,7 +143,9 @@ class HTTPMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        route = path if path in _ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
+        route = path if path in _ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/")
+                                             else "/admin/pins/{id}" if path.startswith("/admin/pins/")
+                                             else "other")
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -138,3 +138,35 @@ def test_dashboard_shows_prefix_advice_masked(cluster, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator("#advice-panel").screenshot(path=str(ARTIFACTS / "prefix_advice.png"))
     page.close()
+
+
+def test_dashboard_pins_a_prefix_shows_it_per_replica_and_removes_it(cluster, browser):
+    _, gw = cluster
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(gw.url + "/admin")
+    page.fill("#key", procs.ADMIN_KEY)
+    page.click("#login-btn")
+    page.wait_for_selector("#pin-model option", state="attached", timeout=10_000)
+
+    page.select_option("#pin-kind", "system")
+    page.fill("#pin-text", "too short")
+    page.click("#pin-add")
+    page.wait_for_function("document.getElementById('pin-err').textContent.includes('full block')")
+    assert procs.admin(gw, "/pins").json()["data"] == []
+
+    page.fill("#pin-text", procs.long_system_prompt("dashboard-pin", words=80))
+    page.click("#pin-add")
+    page.wait_for_selector("#pins tbody tr[data-pin]", timeout=30_000)
+    (pin,) = procs.admin(gw, "/pins").json()["data"]
+    row = f'#pins tr[data-pin="{pin["id"]}"]'
+    assert page.text_content(f'{row} td[data-field="num_blocks"]') == str(pin["num_blocks"])
+    assert page.locator(f"{row} .pill", has_text="pinned").count() == 2
+    assert "[dashboard-pin]" in page.text_content(f'{row} td[data-field="excerpt"]')
+    page.wait_for_function(
+        f"document.getElementById('pin-capacity').textContent.includes('{pin['num_blocks']} / ')", timeout=10_000)
+    page.locator("#pins-panel").screenshot(path=str(ARTIFACTS / "dashboard-pins.png"))
+
+    page.click(f'{row} button[data-unpin]')
+    page.wait_for_selector(row, state="detached", timeout=10_000)
+    assert procs.admin(gw, "/pins").json()["data"] == []
+    page.close()
