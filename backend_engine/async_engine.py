@@ -92,11 +92,12 @@ class AsyncLLMEngine:
     # -- requests ------------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, cache_salt: str | None = None,
-                       prompt: str | None = None
+                       prompt: str | None = None, priority: int = 0
                        ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; `priority`: lower is served earlier (vLLM's)."""
         if self.dead is not None:
             raise EngineDeadError("the engine stopped after an internal error")
-        self.engine.check_request(prompt_token_ids, params)
+        self.engine.check_request(prompt_token_ids, params, priority)
         limit = self.config.max_waiting
         if limit is not None and self.num_waiting() >= limit:
             raise EngineOverloadedError("the waiting queue is full; retry later")
@@ -105,7 +106,7 @@ class AsyncLLMEngine:
         self._streams[request_id] = (loop, stream)
         self._num_submitted += 1
         self._commands.put(("add", request_id, list(prompt_token_ids), params, cache_salt,
-                            prompt))
+                            prompt, priority))
         self._wake.set()
         finished = False
         try:
@@ -162,12 +163,13 @@ class AsyncLLMEngine:
             except queue.Empty:
                 break
             if cmd[0] == "add":
-                _, request_id, tokens, params, salt, prompt = cmd
+                _, request_id, tokens, params, salt, prompt, priority = cmd
                 self._num_picked += 1
                 if request_id not in self._streams:
                     continue  # aborted before it reached the engine
                 try:
-                    self.engine.add_request(request_id, tokens, params, salt, prompt)
+                    self.engine.add_request(request_id, tokens, params, salt, prompt,
+                                            priority=priority)
                 except Exception as exc:
                     self._deliver(request_id, exc)
             else:
@@ -240,3 +242,6 @@ class AsyncLLMEngine:
 
     def drain_observations(self) -> dict[str, list[float]]:
         return self.engine.stats.drain_observations()
+
+    def drain_ttft_by_priority(self) -> list[tuple[int, float]]:
+        return self.engine.stats.drain_ttft_by_priority()

@@ -31,6 +31,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--max-waiting", type=int, default=None, help="waiting-queue limit; beyond it requests get 503")
+    p.add_argument("--scheduling-policy", default="priority", choices=["priority", "fcfs"],
+                   help="priority: lower 'priority' values first (equal ones in arrival order); fcfs: arrival only")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -65,6 +67,7 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
         max_waiting=args.max_waiting,
+        scheduling_policy=args.scheduling_policy,
         seed=args.seed,
         num_threads=args.num_threads,
         attention_backend=args.attention_backend,
