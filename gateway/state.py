@@ -17,6 +17,7 @@ from gateway.health import check_forever, check_once
 from gateway.kv_sync import follow_kv
 from gateway.metrics import GatewayMetrics
 from gateway.pool import LeanTransport
+from gateway.priority import PriorityStats
 from gateway.prompt_tokens import PromptTokens
 from gateway.replicas import Replica, replica_name
 from gateway.stats import GatewayStats
@@ -55,6 +56,7 @@ class GatewayState:
         self.tokens = PromptTokens(config.tokenizers, self.client)
         self.metrics = GatewayMetrics()
         self.stats = GatewayStats(config.decisions_kept)
+        self.priorities = PriorityStats(self.metrics.registry)
         self._tasks: dict[str, list[asyncio.Task]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -189,6 +189,14 @@ class LoadTracker:
     def in_flight_total(self) -> int:
         return len(self._bookings)
 
+    def in_flight_by_priority(self) -> dict[int, int]:
+        """This gateway's open bookings by priority, over all replicas."""
+        out: dict[int, int] = {}
+        for load in self._replicas.values():
+            for priority, (in_flight, _) in load.by_priority.items():
+                out[priority] = out.get(priority, 0) + in_flight
+        return out
+
 
 def _by_priority(raw: object) -> dict[int, tuple[int, int, int]] | None:
     """An engine's {"<priority>": {running, waiting, pending_prefill_tokens}}; None when absent
