@@ -127,3 +127,23 @@ def test_async_engine_serves_by_priority():
     order, engine = asyncio.run(main())
     assert order.index("chat") < order.index("batch-2")
     assert_no_leaks(engine.engine)
+
+
+def test_priority_with_speculative_decoding_changes_no_greedy_token():
+    # Repetitive prompts make the n-gram proposer draft; drafts of batch sequences that yield
+    # their budget or get preempted are dropped, never verified late. (This schedule does both
+    # to a sequence holding drafts.)
+    prompts = [[5, 6, 7, 8] * 10, [9, 10, 11] * 12, [12, 13] * 20]
+    chats = [[5 + i, 6, 7, 8] * 3 for i in range(8)]
+    plain = LLM("tiny-random", num_kv_blocks=64)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts + chats, GREEDY)]
+    llm = LLM("tiny-random", num_kv_blocks=10, max_num_seqs=4, max_num_batched_tokens=16,
+              speculative_method="ngram", num_speculative_tokens=3, speculative_max_batch=8)
+    arrivals = [(0, f"batch-{i}", p, 5) for i, p in enumerate(prompts)]
+    arrivals += [(6 + 4 * i, f"chat-{i}", p, 0) for i, p in enumerate(chats)]
+    tokens, _ = _run(llm, arrivals)
+    got = [tokens[f"batch-{i}"] for i in range(3)] + [tokens[f"chat-{i}"] for i in range(8)]
+    assert got == want
+    assert llm.engine.stats.preemptions > 0
+    assert llm.engine.spec.stats.drafted_tokens > 0
+    assert_no_leaks(llm.engine)
