@@ -111,7 +111,7 @@ def row(r: RunResult) -> str:
             f"{r.batch_tok_s:10.1f} {r.preemptions:8d}")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--max-num-seqs", type=int, default=8)
@@ -128,7 +128,11 @@ def main() -> None:
     ap.add_argument("--interactive-priority", type=int, default=0)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between interactive requests")
     ap.add_argument("--warmup", type=float, default=4.0, help="seconds of flood before measuring")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
 
     results = [asyncio.run(run(policy, args)) for policy in ("fcfs", "priority")]
     print(f"{'policy':9s} {'chat p50':>9s} {'chat p99':>9s} {'batch p50':>9s} {'batch p99':>9s} "
