@@ -110,7 +110,10 @@ class Scheduler:
                 blocks, hit = self.kv.get_computed_blocks(seq)
             want = self._cap(seq.num_tokens - seq.num_computed_tokens - hit,
                              self.max_num_batched_tokens)
-            n = min(want, self._budget + self._yieldable(out, rank))
+            budget = self._budget
+            if want > budget:
+                budget += self._yieldable(out, rank)
+            n = min(want, budget)
             if n <= 0 or not self._room_after_preempting(seq, rank, n, blocks):
                 break  # nothing is taken from anyone for a request that still could not start
             self._yield_budget(out, rank, n)
@@ -138,11 +141,13 @@ class Scheduler:
 
     def _room_after_preempting(self, seq: Sequence, rank: int, n: int, blocks) -> bool:
         """Whether seats and blocks suffice once every strictly less urgent sequence yields."""
+        need = self.kv.num_blocks_needed(seq, n, blocks)
+        free = self.kv.pool.num_free_blocks
+        if len(self.running) < self.max_num_seqs and need <= free:
+            return True  # the common case: nobody has to yield anything
         victims = [v for v in self.running if self.rank(v) > rank]
         if len(self.running) - len(victims) >= self.max_num_seqs:
             return False
-        need = self.kv.num_blocks_needed(seq, n, blocks)
-        free = self.kv.pool.num_free_blocks
         if need <= free:
             return True
         computed = {id(b) for b in blocks}  # shared with a victim: they stay held by seq
