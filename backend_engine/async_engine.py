@@ -94,11 +94,12 @@ class AsyncLLMEngine:
     # -- requests ------------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, cache_salt: str | None = None,
-                       prompt: str | None = None, pin: Pin | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+                       prompt: str | None = None, pin: Pin | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; `priority`: lower is served earlier (vLLM's)."""
         if self.dead is not None:
             raise EngineDeadError("the engine stopped after an internal error")
-        self.engine.check_request(prompt_token_ids, params, cache_salt)
+        self.engine.check_request(prompt_token_ids, params, cache_salt, priority)
         limit = self.config.max_waiting
         if limit is not None and self.num_waiting() >= limit:
             raise EngineOverloadedError("the waiting queue is full; retry later")
@@ -107,7 +108,7 @@ class AsyncLLMEngine:
         self._streams[request_id] = (loop, stream)
         self._num_submitted += 1
         self._commands.put(("add", request_id, list(prompt_token_ids), params, cache_salt,
-                            prompt, pin))
+                            prompt, pin, priority))
         self._wake.set()
         finished = False
         try:
@@ -201,12 +202,13 @@ class AsyncLLMEngine:
             except queue.Empty:
                 break
             if cmd[0] == "add":
-                _, request_id, tokens, params, salt, prompt, pin = cmd
+                _, request_id, tokens, params, salt, prompt, pin, priority = cmd
                 self._num_picked += 1
                 if request_id not in self._streams:
                     continue  # aborted before it reached the engine
                 try:
-                    self.engine.add_request(request_id, tokens, params, salt, prompt, pin=pin)
+                    self.engine.add_request(request_id, tokens, params, salt, prompt, pin=pin,
+                                            priority=priority)
                 except Exception as exc:
                     self._deliver(request_id, exc)
             elif cmd[0] == "call":
@@ -296,3 +298,6 @@ class AsyncLLMEngine:
 
     def drain_observations(self) -> dict[str, list[float]]:
         return self.engine.stats.drain_observations()
+
+    def drain_ttft_by_priority(self) -> list[tuple[int, float]]:
+        return self.engine.stats.drain_ttft_by_priority()

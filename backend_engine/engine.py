@@ -18,6 +18,7 @@ from backend_engine.metrics import EngineStats
 from backend_engine.model_loader import check_architecture, resolve_model
 from backend_engine.model_runner import ModelRunner, SeqResult
 from backend_engine.output_processor import OutputProcessor, RequestState
+from backend_engine.priority import check_priority, load_by_priority
 from backend_engine.outputs import RequestOutput
 from backend_engine.pins import Pin, PinTable
 from backend_engine.sampler import SamplingRow
@@ -95,9 +96,10 @@ class LLMEngine:
         return (self.pool.num_blocks - pinned) * self.block_size
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams,
-                      cache_salt: str | None = None) -> int:
+                      cache_salt: str | None = None, priority: int = 0) -> int:
         """Validate a request without changing engine state (safe from any thread); returns
         the effective max_tokens."""
+        check_priority(priority)
         n = len(prompt_token_ids)
         if n == 0:
             raise InvalidRequestError("the prompt is empty", param="prompt", code="invalid_value")
@@ -127,18 +129,20 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, prompt: str | None = None,
-                    arrival_time: float | None = None, pin: Pin | None = None) -> None:
-        """Queue a request; with `pin`, it is the prefill that warms that pin's blocks."""
+                    arrival_time: float | None = None, pin: Pin | None = None,
+                    priority: int = 0) -> None:
+        """Queue a request; with `pin`, it is the prefill that warms that pin's blocks;
+        `priority` follows vLLM: lower values are served first."""
         if request_id in self.requests:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
-        max_tokens = self.check_request(prompt_token_ids, params, cache_salt)
+        max_tokens = self.check_request(prompt_token_ids, params, cache_salt, priority)
         namespace = namespace_for(self.model_id, cache_salt)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         seqs: list[Sequence] = []
         for i in range(params.n):
             seq = Sequence(f"{request_id}-{i}", request_id, i, list(prompt_token_ids), params,
                            namespace, max_tokens, arrival_time=arrival,
-                           parent=seqs[0] if seqs else None)
+                           parent=seqs[0] if seqs else None, priority=priority)
             if params.seed is not None:
                 seq.generator = torch.Generator().manual_seed(params.seed + i)
             seqs.append(seq)
@@ -260,6 +264,7 @@ class LLMEngine:
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.stats.observe("ttft", now - seq.arrival_time)
+            self.stats.observe_ttft_by_priority(seq.priority, now - seq.arrival_time)
         for j, token in enumerate(result.token_ids):
             logprob = None
             if result.logprobs is not None:
@@ -290,7 +295,8 @@ class LLMEngine:
                 "num_free_blocks": self.pool.num_free_blocks,
                 "num_total_blocks": self.pool.num_blocks,
                 "pinned_blocks": self.pool.num_pinned_blocks,
-                "max_pinned_blocks": self.pool.max_pinned_blocks}
+                "max_pinned_blocks": self.pool.max_pinned_blocks,
+                "by_priority": load_by_priority(self.scheduler.running, self.scheduler.waiting)}
 
     def kv_snapshot(self) -> dict:
         seq = self.pool.event_seq  # read before the blocks: replaying later events is idempotent

@@ -142,6 +142,16 @@ async def summary(request: Request) -> dict:
                       "resyncs": size.resyncs}}
 
 
+@api.get("/priorities")
+async def priorities(request: Request) -> dict:
+    """Requests, this gateway's in-flight bookings and TTFT by priority class; the keys'
+    default priorities and bounds."""
+    state: GatewayState = request.app.state.gateway
+    return {"data": state.priorities.summary(state.router.load.in_flight_by_priority()),
+            "keys": [{"name": k.name, "priority": k.priority, "max_priority": k.max_priority}
+                     for k in state.config.api_keys]}
+
+
 @api.put("/policy")
 async def set_policy(request: Request) -> dict:
     state: GatewayState = request.app.state.gateway

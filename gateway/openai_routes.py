@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from gateway.config import ApiKey
 from gateway.forward import RoutedRequest, forward
+from gateway.priority import effective_priority
 from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
 from kvgate.protocol.chat import ChatCompletionRequest
@@ -123,10 +124,13 @@ async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Respo
     if not serving:
         raise model_not_found(req.model)
     salt = tenant_salt(key, req.cache_salt)
-    body = raw  # forwarded byte for byte unless the cache namespace must change
+    priority = effective_priority(key, req.priority)
+    changes: dict = {}  # forwarded byte for byte unless the namespace or priority must change
     if salt != req.cache_salt:
-        data["cache_salt"] = salt
-        body = json.dumps(data, separators=(",", ":")).encode()
+        changes["cache_salt"] = salt
+    if priority != (req.priority or 0):
+        changes["priority"] = priority  # the key's default
+    body = json.dumps({**data, **changes}, separators=(",", ":")).encode() if changes else raw
     tokenizer_url = next((r.url for r in serving if r.routable()), serving[0].url)
     if isinstance(req, ChatCompletionRequest):
         tokens = await state.tokens.chat(req, tokenizer_url)
@@ -144,5 +148,5 @@ async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Respo
     hashes = block_hashes(tokens, namespace_for(namespace_model, salt), state.router.block_size)
     request_id = req.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
     routed = RoutedRequest(request_id, endpoint, path, body, forwarded_headers(request.headers),
-                           req.model, bool(req.stream), hashes, len(tokens), started)
+                           req.model, bool(req.stream), hashes, len(tokens), started, priority)
     return await forward(state, routed)

@@ -20,6 +20,7 @@ from gateway.pin_sync import PinSync
 from gateway.pins import PinStore
 from gateway.pool import LeanTransport
 from gateway.prefix_advice import AdviceConfig, PrefixAdvisor
+from gateway.priority import PriorityStats
 from gateway.prompt_tokens import PromptTokens
 from gateway.replicas import Replica, replica_name
 from gateway.stats import GatewayStats
@@ -65,6 +66,7 @@ class GatewayState:
         self.stats = GatewayStats(config.decisions_kept)
         self.advice = (PrefixAdvisor(AdviceConfig(block_size=config.block_size))
                        if config.prefix_advice else None)
+        self.priorities = PriorityStats(self.metrics.registry)
         self._tasks: dict[str, list[asyncio.Task]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -35,6 +35,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-pinned-fraction", type=float, default=0.25,
                    help="share of the KV pool pinned prefixes may hold (POST /admin/pins)")
     p.add_argument("--max-waiting", type=int, default=None, help="waiting-queue limit; beyond it requests get 503")
+    p.add_argument("--scheduling-policy", default="priority", choices=["priority", "fcfs"],
+                   help="priority: lower 'priority' values first (equal ones in arrival order); fcfs: arrival only")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -71,6 +73,7 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         eviction_policy=args.eviction_policy,
         max_pinned_fraction=args.max_pinned_fraction,
         max_waiting=args.max_waiting,
+        scheduling_policy=args.scheduling_policy,
         seed=args.seed,
         num_threads=args.num_threads,
         attention_backend=args.attention_backend,
