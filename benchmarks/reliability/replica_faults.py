@@ -41,16 +41,17 @@ def _takes_traffic_again(cluster: LocalCluster, replica: Child | str, result: Sc
                          tries: int = 16) -> None:
     """Fresh prefixes go to the least loaded replica: the one back must get some of them."""
     name = replica if isinstance(replica, str) else _name(replica)
-    seen = set()
+    seen: dict[str, int] = {}
     with httpx.Client() as client:
         for i in range(tries):
             gateway = cluster.gateways[i % len(cluster.gateways)]
             outcome = send(client, gateway.spec.url, body(i, False, 4, prefix=f"back-{time.time_ns()}"))
-            seen.add(outcome.replica)
+            seen[str(outcome.replica)] = seen.get(str(outcome.replica), 0) + 1
             result.sent += 1
             result.succeeded += outcome.kind == "ok"
             result.failed += outcome.kind == ERROR
             result.lost += outcome.kind == "lost"
+    result.notes["answered_by_afterwards"] = seen
     result.checks["takes traffic again"] = name in seen
 
 
@@ -133,15 +134,17 @@ def replica_hung(cluster: LocalCluster, before: int = 8, after: int = 8, workers
 
 def replica_slow(cluster: LocalCluster, before: int = 8, after: int = 8, workers: int = 4,
                  delay_s: float = 1.5, slow_for_s: float = 5.0) -> ScenarioResult:
-    """A replica behind a proxy that delays every chunk it sends: its health checks time out, the
-    circuit opens, traffic moves away without a failure, and comes back once it is fast again."""
+    """A replica reached through a proxy that delays every chunk it sends: its health checks time
+    out, the circuit opens, traffic moves away without a failure, and comes back once it is fast
+    again. The gateways know that replica only through the proxy while the scenario runs."""
     result = ScenarioResult("replica slow (delaying proxy)")
     upstream = cluster.replicas[-1]
+    direct, name = _name(upstream), "slow-proxy"
     urls = [g.spec.url for g in cluster.gateways]
-    host, port = upstream.spec.url.removeprefix("http://").split(":")
-    name = "slow-proxy"
+    host, port = direct.split(":")
     with SlowProxy(host, int(port)) as proxy:
         for gateway in cluster.gateways:
+            cluster.admin_call(gateway, "DELETE", f"/replicas/{direct}")
             cluster.admin_call(gateway, "POST", "/replicas", {"url": proxy.url, "name": name})
         try:
             joined = wait_until(lambda: _everywhere(cluster, lambda rows: rows[name]["routable"]), REJOIN_WITHIN_S)
@@ -161,11 +164,16 @@ def replica_slow(cluster: LocalCluster, before: int = 8, after: int = 8, workers
                 load.wait_for(load.tally.sent + after)
             result.count(load.tally)
             result.checks["nothing fails"] = result.failed == 0
-            back = wait_until(lambda: _everywhere(cluster, lambda rows: rows[name]["routable"]), REJOIN_WITHIN_S)
+            back = wait_until(lambda: _everywhere(cluster, lambda rows: rows[name]["routable"]
+                                                  and rows[name]["kv_connected"]), REJOIN_WITHIN_S)
             result.notes["routable_again_after_s"] = None if back is None else round(back, 2)
             result.checks["comes back when fast again"] = back is not None
             _takes_traffic_again(cluster, name, result)
         finally:
             for gateway in cluster.gateways:
                 cluster.admin_call(gateway, "DELETE", f"/replicas/{name}")
+                cluster.admin_call(gateway, "POST", "/replicas", {"url": upstream.spec.url, "name": direct})
+    result.checks["direct route restored"] = wait_until(
+        lambda: _everywhere(cluster, lambda rows: rows[direct]["routable"] and rows[direct]["kv_connected"]),
+        REJOIN_WITHIN_S) is not None
     return result
