@@ -8,15 +8,17 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable
 
 from backend_engine.chat import render_chat
 from backend_engine.config import EngineConfig
 from backend_engine.engine import LLMEngine
 from backend_engine.errors import EngineDeadError, EngineOverloadedError
 from backend_engine.outputs import RequestOutput
+from backend_engine.pins import Pin
 from backend_engine.sampling_params import SamplingParams
-from routing.hashing import NAMESPACE_RULE
+from routing.hashing import NAMESPACE_RULE, namespace_for
 
 log = logging.getLogger("kvgate.engine")
 _IDLE_WAIT_S = 0.05
@@ -92,11 +94,12 @@ class AsyncLLMEngine:
     # -- requests ------------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, cache_salt: str | None = None,
-                       prompt: str | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+                       prompt: str | None = None, pin: Pin | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; `priority`: lower is served earlier (vLLM's)."""
         if self.dead is not None:
             raise EngineDeadError("the engine stopped after an internal error")
-        self.engine.check_request(prompt_token_ids, params)
+        self.engine.check_request(prompt_token_ids, params, cache_salt, priority)
         limit = self.config.max_waiting
         if limit is not None and self.num_waiting() >= limit:
             raise EngineOverloadedError("the waiting queue is full; retry later")
@@ -105,7 +108,7 @@ class AsyncLLMEngine:
         self._streams[request_id] = (loop, stream)
         self._num_submitted += 1
         self._commands.put(("add", request_id, list(prompt_token_ids), params, cache_salt,
-                            prompt))
+                            prompt, pin, priority))
         self._wake.set()
         finished = False
         try:
@@ -126,6 +129,43 @@ class AsyncLLMEngine:
     async def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
         self._wake.set()
+
+    # -- pinned prefixes -----------------------------------------------------------------------
+    async def pin(self, pin_id: str, token_ids: list[int], cache_salt: str | None = None,
+                  excerpt: str = "") -> dict:
+        """Warm the prefix (a prefill-only request) and pin its full blocks; idempotent per id."""
+        pins = self.engine.pins
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        self.engine.check_request(token_ids, params, cache_salt)
+        pin = pins.prepare(pin_id, token_ids, namespace_for(self.model_id, cache_salt),
+                           cache_salt, excerpt)
+        if pin_id in pins.pins:
+            return pins.pins[pin_id].view()
+        async for _ in self.generate(token_ids, params, f"pin-{pin_id}-{uuid.uuid4().hex[:8]}",
+                                     cache_salt, pin=pin):
+            pass
+        done = pins.pins.get(pin_id)
+        if done is None:
+            raise pins.failures.pop(pin_id, RuntimeError("the pin did not complete"))
+        return done.view()
+
+    async def unpin(self, pin_id: str) -> bool:
+        return await self.call_in_engine(lambda: self.engine.pins.unpin(pin_id))
+
+    def pins(self) -> list[dict]:
+        return self.engine.pins.views()
+
+    def pin_capacity(self) -> dict:
+        return self.engine.pins.capacity()
+
+    async def call_in_engine(self, fn: Callable[[], object]) -> object:
+        """Run fn on the engine thread, which owns the block pool, and return its result."""
+        if not self.is_running:
+            return fn()  # no engine thread (not started, or stopped): nothing races with us
+        future = asyncio.get_running_loop().create_future()
+        self._commands.put(("call", fn, future))
+        self._wake.set()
+        return await future
 
     def _queued(self) -> int:
         return max(0, self._num_submitted - self._num_picked)
@@ -162,14 +202,17 @@ class AsyncLLMEngine:
             except queue.Empty:
                 break
             if cmd[0] == "add":
-                _, request_id, tokens, params, salt, prompt = cmd
+                _, request_id, tokens, params, salt, prompt, pin, priority = cmd
                 self._num_picked += 1
                 if request_id not in self._streams:
                     continue  # aborted before it reached the engine
                 try:
-                    self.engine.add_request(request_id, tokens, params, salt, prompt)
+                    self.engine.add_request(request_id, tokens, params, salt, prompt, pin=pin,
+                                            priority=priority)
                 except Exception as exc:
                     self._deliver(request_id, exc)
+            elif cmd[0] == "call":
+                self._resolve(cmd[2], cmd[1])
             else:
                 out = self.engine.abort_request(cmd[1])
                 if out is not None:  # ends the caller's stream with finish_reason "abort"
@@ -178,6 +221,21 @@ class AsyncLLMEngine:
         self._load = self.engine.load()
         if changed:
             self._notify_event_waiters()
+
+    @staticmethod
+    def _resolve(future: asyncio.Future, fn: Callable[[], object]) -> None:
+        try:
+            result, error = fn(), None
+        except Exception as exc:
+            result, error = None, exc
+
+        def settle() -> None:
+            if not future.done():
+                future.set_result(result) if error is None else future.set_exception(error)
+        try:
+            future.get_loop().call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop closed
+            pass
 
     def _deliver(self, request_id: str, item) -> None:
         target = self._streams.get(request_id)
@@ -240,3 +298,6 @@ class AsyncLLMEngine:
 
     def drain_observations(self) -> dict[str, list[float]]:
         return self.engine.stats.drain_observations()
+
+    def drain_ttft_by_priority(self) -> list[tuple[int, float]]:
+        return self.engine.stats.drain_ttft_by_priority()

@@ -1,15 +1,26 @@
-"""The block pool: reference-counted KV blocks, the hash → block map of the prefix cache, an LRU
-of free blocks (cached ones stay hits until reused), and the stored/removed event log."""
+"""The block pool: reference-counted KV blocks, the hash → block map of the prefix cache, the
+queue of free blocks (cached ones stay hits until reused; see free_queue.py for the eviction
+order), pinned blocks (never evicted while pinned), and the stored/removed event log."""
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
+
+from backend_engine.free_queue import FreeBlockQueue
 
 
 class NoFreeBlocksError(RuntimeError):
     """Raised when a caller asks for more blocks than are free (callers check first)."""
+
+
+class PinnedCapacityError(RuntimeError):
+    """Pinning these blocks would exceed the pool's pinned capacity."""
+
+
+class BlockNotCachedError(KeyError):
+    """A block hash to pin is not in the prefix cache."""
 
 
 @dataclass(slots=True)
@@ -17,6 +28,8 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: int | None = None
+    hits: int = 0  # prefix-cache hits since the hash was stored
+    pin_cnt: int = 0  # pins holding this block (each also holds one reference)
 
 
 @dataclass(slots=True)
@@ -33,13 +46,14 @@ class KVEvent:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True, event_buffer: int = 4096):
+    def __init__(self, num_blocks: int, enable_caching: bool = True, event_buffer: int = 4096,
+                 eviction_policy: str = "kvgate", max_pinned_fraction: float = 0.25):
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        # Order is eviction order: the head is reused first. Blocks without a hash go to the
-        # head so cached blocks survive as long as possible.
-        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.free = FreeBlockQueue(self.blocks, eviction_policy)
+        self.max_pinned_blocks = int(num_blocks * max_pinned_fraction) if enable_caching else 0
+        self.num_pinned_blocks = 0  # distinct blocks with pin_cnt > 0
         self.cached: dict[int, int] = {}  # block hash → block id
         self.event_seq = 0
         self.events: deque[KVEvent] = deque(maxlen=event_buffer)
@@ -68,8 +82,7 @@ class BlockPool:
             raise NoFreeBlocksError(f"asked for {n} blocks, {len(self.free)} free")
         out = []
         for _ in range(n):
-            block_id, _ = self.free.popitem(last=False)
-            block = self.blocks[block_id]
+            block = self.blocks[self.free.pop()]
             self._evict_hash(block)
             block.ref_cnt = 1
             out.append(block)
@@ -79,17 +92,17 @@ class BlockPool:
         """Take a reference on blocks found in the cache (reviving free ones)."""
         for block in blocks:
             if block.ref_cnt == 0:
-                self.free.pop(block.block_id)
+                self.free.remove(block)
             block.ref_cnt += 1
+            if block.block_hash is not None:
+                block.hits += 1
 
     def release(self, blocks: list[KVBlock]) -> None:
         """Drop a reference; pass a request's blocks tail first so its tail is evicted first."""
         for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free[block.block_id] = None
-                if block.block_hash is None:
-                    self.free.move_to_end(block.block_id, last=False)
+                self.free.push(block)
 
     def cache_block(self, block: KVBlock, block_hash: int) -> None:
         """Register a block that now holds a full block of verified tokens."""
@@ -98,6 +111,7 @@ class BlockPool:
         if block_hash in self.cached:  # another block already holds these tokens
             return
         block.block_hash = block_hash
+        block.hits = 0
         self.cached[block_hash] = block.block_id
         self._stored.append(block_hash)
 
@@ -107,6 +121,36 @@ class BlockPool:
                 del self.cached[block.block_hash]
                 self._removed.append(block.block_hash)
             block.block_hash = None
+            block.hits = 0
+
+    # -- pins --------------------------------------------------------------------------------
+    def pin(self, hashes: list[int]) -> list[KVBlock]:
+        """Hold the cached blocks of these hashes until unpinned; all or nothing."""
+        blocks = []
+        for h in hashes:
+            block = self.lookup(h)
+            if block is None:
+                raise BlockNotCachedError(h)
+            blocks.append(block)
+        new = len({b.block_id for b in blocks if b.pin_cnt == 0})
+        if self.num_pinned_blocks + new > self.max_pinned_blocks:
+            raise PinnedCapacityError(
+                f"pinning {new} more blocks would exceed the pinned capacity "
+                f"({self.num_pinned_blocks} of {self.max_pinned_blocks} blocks pinned)")
+        self.touch(blocks)
+        for block in blocks:
+            block.pin_cnt += 1
+            if block.pin_cnt == 1:
+                self.num_pinned_blocks += 1
+        return blocks
+
+    def unpin(self, blocks: list[KVBlock]) -> None:
+        """Release a pin's blocks, tail first; they stay cached like any freed block."""
+        for block in blocks:
+            block.pin_cnt -= 1
+            if block.pin_cnt == 0:
+                self.num_pinned_blocks -= 1
+        self.release(list(reversed(blocks)))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible while no block is in use."""
@@ -114,6 +158,8 @@ class BlockPool:
             return False
         for block in self.blocks:
             block.block_hash = None
+            block.hits = 0
+        self.free = FreeBlockQueue(self.blocks, self.free.policy, self.free.protected_cap)
         self.cached.clear()
         self._stored.clear()
         self._removed.clear()

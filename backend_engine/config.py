@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SCHEDULING_POLICIES = ("priority", "fcfs")
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -20,7 +22,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     long_prefill_token_threshold: int = 0  # 0: a single prefill may take the whole budget
     enable_prefix_caching: bool = True
+    eviction_policy: str = "kvgate"  # "kvgate" (reused blocks outlive one-offs) | "lru"
+    max_pinned_fraction: float = 0.25  # share of the KV pool that pinned prefixes may hold
     max_waiting: int | None = None  # None: unbounded waiting queue
+    scheduling_policy: str = "priority"  # "priority" (lower value first) | "fcfs" (arrival only)
     seed: int = 0
     kv_event_buffer: int = 4096  # events kept for /kv/events replay
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
@@ -46,5 +51,11 @@ class EngineConfig:
             raise ValueError("num_speculative_tokens must be between 1 and 16")
         if self.speculative_method == "draft" and not self.draft_model:
             raise ValueError("speculative_method 'draft' needs draft_model")
+        if self.eviction_policy not in ("kvgate", "lru"):
+            raise ValueError("eviction_policy must be 'kvgate' or 'lru'")
+        if not 0.0 <= self.max_pinned_fraction <= 0.9:
+            raise ValueError("max_pinned_fraction must be between 0 and 0.9")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")

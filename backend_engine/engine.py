@@ -18,7 +18,9 @@ from backend_engine.metrics import EngineStats
 from backend_engine.model_loader import check_architecture, resolve_model
 from backend_engine.model_runner import ModelRunner, SeqResult
 from backend_engine.output_processor import OutputProcessor, RequestState
+from backend_engine.priority import check_priority, load_by_priority
 from backend_engine.outputs import RequestOutput
+from backend_engine.pins import Pin, PinTable
 from backend_engine.sampler import SamplingRow
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.scheduler import Scheduler
@@ -41,8 +43,10 @@ class LLMEngine:
         self.runner = ModelRunner(config, files.folder, self.hf_config, self.max_model_len)
         self.block_size = config.block_size
         self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching,
-                              config.kv_event_buffer)
+                              config.kv_event_buffer, config.eviction_policy,
+                              config.max_pinned_fraction)
         self.kv = KVCacheManager(self.pool, config.block_size)
+        self.pins = PinTable(self.pool, config.block_size)
         self.scheduler = Scheduler(config, self.kv)
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
@@ -83,9 +87,19 @@ class LLMEngine:
     def kv_capacity_tokens(self) -> int:
         return self.pool.num_blocks * self.block_size
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        """Validate a request without touching engine state (safe from any thread); returns
+    def kv_room_tokens(self, prompt_token_ids: list[int], cache_salt: str | None = None) -> int:
+        """KV tokens one request can hold: the pool less the pinned blocks it does not reuse."""
+        pinned = self.pool.num_pinned_blocks
+        if pinned:
+            namespace = namespace_for(self.model_id, cache_salt)
+            pinned -= self.pins.num_pinned_prefix_blocks(prompt_token_ids, namespace)
+        return (self.pool.num_blocks - pinned) * self.block_size
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                      cache_salt: str | None = None, priority: int = 0) -> int:
+        """Validate a request without changing engine state (safe from any thread); returns
         the effective max_tokens."""
+        check_priority(priority)
         n = len(prompt_token_ids)
         if n == 0:
             raise InvalidRequestError("the prompt is empty", param="prompt", code="invalid_value")
@@ -104,27 +118,31 @@ class LLMEngine:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {asked} tokens ({n} in the prompt, {asked - n} for the "
                 f"completion). Please reduce the length of the prompt or the completion.")
-        pool_room = self.kv_capacity_tokens - n
+        capacity = self.kv_room_tokens(prompt_token_ids, cache_salt)
+        pool_room = capacity - n
         if pool_room < 1:
             raise ContextLengthExceededError(
                 f"the prompt ({n} tokens) does not fit in this replica's KV cache "
-                f"({self.kv_capacity_tokens} tokens)")
+                f"({capacity} tokens not held by pinned prefixes)")
         max_tokens = room if params.max_tokens is None else params.max_tokens
         return min(max_tokens, pool_room)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, prompt: str | None = None,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, pin: Pin | None = None,
+                    priority: int = 0) -> None:
+        """Queue a request; with `pin`, it is the prefill that warms that pin's blocks;
+        `priority` follows vLLM: lower values are served first."""
         if request_id in self.requests:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
-        max_tokens = self.check_request(prompt_token_ids, params)
+        max_tokens = self.check_request(prompt_token_ids, params, cache_salt, priority)
         namespace = namespace_for(self.model_id, cache_salt)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         seqs: list[Sequence] = []
         for i in range(params.n):
             seq = Sequence(f"{request_id}-{i}", request_id, i, list(prompt_token_ids), params,
                            namespace, max_tokens, arrival_time=arrival,
-                           parent=seqs[0] if seqs else None)
+                           parent=seqs[0] if seqs else None, priority=priority)
             if params.seed is not None:
                 seq.generator = torch.Generator().manual_seed(params.seed + i)
             seqs.append(seq)
@@ -132,12 +150,15 @@ class LLMEngine:
                                                            seqs, arrival, prompt)
         for seq in seqs:
             self.scheduler.add(seq)
+        if pin is not None:
+            self.pins.begin(request_id, pin)
         self.stats.prompt_tokens += len(prompt_token_ids)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         state = self.requests.pop(request_id, None)
         if state is None:
             return None
+        self.pins.abort(request_id)
         for seq, out in zip(state.seqs, state.outputs):
             if not seq.is_finished:
                 self._finish(seq, ("abort", None), time.monotonic())
@@ -179,6 +200,8 @@ class LLMEngine:
                 reason = self._append_tokens(state, seq, result, now)
                 touched[state.request_id] = state
             self.kv.cache_computed_blocks(seq)  # before a finish frees the blocks
+            if reason is not None and seq.request_id in self.pins.warming:
+                self.pins.complete(seq.request_id, seq.block_hashes, self._largest_need(seq))
             if reason is not None:
                 self._finish(seq, reason, now)
             elif drafted:
@@ -195,6 +218,13 @@ class LLMEngine:
                 del self.requests[state.request_id]
                 self.stats.observe("e2e", now - state.arrival_time)
         return outputs
+
+    def _largest_need(self, finishing: Sequence) -> int:
+        """KV blocks the largest other unfinished sequence may need (a pin must leave room)."""
+        seqs = [s for s in (*self.scheduler.running, *self.scheduler.waiting)
+                if s is not finishing and not s.is_finished]
+        return max((-(-(s.num_prompt_tokens + s.max_tokens) // self.block_size) for s in seqs),
+                   default=0)
 
     def _propose_drafts(self) -> None:
         if self.proposer is None or not self.scheduler.running:
@@ -234,6 +264,7 @@ class LLMEngine:
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.stats.observe("ttft", now - seq.arrival_time)
+            self.stats.observe_ttft_by_priority(seq.priority, now - seq.arrival_time)
         for j, token in enumerate(result.token_ids):
             logprob = None
             if result.logprobs is not None:
@@ -262,7 +293,10 @@ class LLMEngine:
                 "kv_usage": round(self.pool.usage(), 4),
                 "pending_prefill_tokens": self.scheduler.pending_prefill_tokens(),
                 "num_free_blocks": self.pool.num_free_blocks,
-                "num_total_blocks": self.pool.num_blocks}
+                "num_total_blocks": self.pool.num_blocks,
+                "pinned_blocks": self.pool.num_pinned_blocks,
+                "max_pinned_blocks": self.pool.max_pinned_blocks,
+                "by_priority": load_by_priority(self.scheduler.running, self.scheduler.waiting)}
 
     def kv_snapshot(self) -> dict:
         seq = self.pool.event_seq  # read before the blocks: replaying later events is idempotent

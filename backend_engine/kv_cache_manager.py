@@ -58,8 +58,13 @@ class KVCacheManager:
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int,
                      computed_blocks: list[KVBlock] = ()) -> bool:
-        return self._num_blocks_needed(seq, num_new_tokens, computed_blocks) <= \
+        return self.num_blocks_needed(seq, num_new_tokens, computed_blocks) <= \
             self.pool.num_free_blocks
+
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int,
+                          computed_blocks: list[KVBlock] = ()) -> int:
+        """Free blocks allocate_slots would take (new ones and revived cached ones)."""
+        return self._num_blocks_needed(seq, num_new_tokens, computed_blocks)
 
     def _num_blocks_needed(self, seq, num_new_tokens, computed_blocks) -> int:
         have = len(seq.block_table) + len(computed_blocks)

@@ -23,14 +23,16 @@ class LLM:
 
     def generate(self, prompts: str | Seq[str] | Seq[list[int]],
                  params: SamplingParams | Seq[SamplingParams] | None = None,
-                 cache_salt: str | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion (batched by the scheduler); outputs in input order."""
+                 cache_salt: str | None = None,
+                 priority: int | Seq[int] = 0) -> list[RequestOutput]:
+        """Run every prompt to completion (batched by the scheduler); outputs in input order.
+        `priority` (one, or one per prompt): lower values are served first, as in vLLM."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         token_lists = [encode_prompt(self.tokenizer, p) if isinstance(p, str) else list(p)
                        for p in prompts]
         return self._run(token_lists, params, cache_salt,
-                         [p if isinstance(p, str) else None for p in prompts])
+                         [p if isinstance(p, str) else None for p in prompts], priority)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              params: SamplingParams | Seq[SamplingParams] | None = None,
@@ -41,18 +43,22 @@ class LLM:
                        for c in conversations]
         return self._run(token_lists, params, None, [None] * len(token_lists))
 
-    def _run(self, token_lists, params, cache_salt, texts) -> list[RequestOutput]:
+    def _run(self, token_lists, params, cache_salt, texts, priority=0) -> list[RequestOutput]:
         if params is None:
             params = SamplingParams()
         params_list = list(params) if isinstance(params, Seq) else [params] * len(token_lists)
         if len(params_list) != len(token_lists):
             raise ValueError("give one SamplingParams, or one per prompt")
-        for tokens, p in zip(token_lists, params_list):  # validate all before adding any
-            self.engine.check_request(tokens, p)
+        priorities = list(priority) if isinstance(priority, Seq) else [priority] * len(token_lists)
+        if len(priorities) != len(token_lists):
+            raise ValueError("give one priority, or one per prompt")
+        for tokens, p, prio in zip(token_lists, params_list, priorities):  # all before any
+            self.engine.check_request(tokens, p, cache_salt, prio)
         ids = []
-        for tokens, p, text in zip(token_lists, params_list, texts):
+        for tokens, p, text, prio in zip(token_lists, params_list, texts, priorities):
             request_id = f"offline-{next(self._ids)}"
-            self.engine.add_request(request_id, tokens, p, cache_salt=cache_salt, prompt=text)
+            self.engine.add_request(request_id, tokens, p, cache_salt=cache_salt, prompt=text,
+                                    priority=prio)
             ids.append(request_id)
         final: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():

@@ -17,6 +17,7 @@ class EngineStats:
     finished_by_reason: Counter = field(default_factory=Counter)
     _observations: dict[str, list[float]] = field(
         default_factory=lambda: {"ttft": [], "tpot": [], "e2e": [], "queue": []})
+    _ttft_by_priority: list[tuple[int, float]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, name: str, seconds: float) -> None:
@@ -25,10 +26,20 @@ class EngineStats:
             if len(values) < 100_000:  # bounded if nobody drains
                 values.append(seconds)
 
+    def observe_ttft_by_priority(self, priority: int, seconds: float) -> None:
+        with self._lock:
+            if len(self._ttft_by_priority) < 100_000:
+                self._ttft_by_priority.append((priority, seconds))
+
     def drain_observations(self) -> dict[str, list[float]]:
         with self._lock:
             out = self._observations
             self._observations = {k: [] for k in out}
+        return out
+
+    def drain_ttft_by_priority(self) -> list[tuple[int, float]]:
+        with self._lock:
+            out, self._ttft_by_priority = self._ttft_by_priority, []
         return out
 
     @property

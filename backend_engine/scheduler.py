@@ -1,16 +1,25 @@
 """Continuous batching with chunked prefill (vLLM V1 style): there is no prefill or decode
 phase. Each sequence has num_computed_tokens; each step hands out one token budget, running
-sequences first, then waiting ones. Preemption is by recompute: the newest running sequence
-gives back its blocks and rejoins the front of the queue. The scheduler never touches tensors."""
+sequences first, then waiting ones. Preemption is by recompute: the victim gives back its blocks
+and rejoins the front of its class in the waiting queue. The scheduler never touches tensors.
+
+Priority (scheduling_policy "priority", vLLM's semantics: lower value first): both queues are
+kept in priority order, then arrival, so the budget goes to urgent work first and the victim of a
+block shortage is the least urgent, newest sequence. A waiting sequence that finds the seats,
+blocks or budget taken by strictly less urgent running work takes them: those sequences skip the
+step (budget) or are preempted (seats, blocks). Only strictly less urgent work ever yields, and a
+step never re-admits what it preempted, so preemption cannot cycle. With one priority class this
+is exactly FCFS ("fcfs" ignores priorities altogether)."""
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
 from dataclasses import dataclass, field
 
 from backend_engine.config import EngineConfig
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.sequence import Sequence, SequenceStatus
+from backend_engine.waiting_queue import WaitingQueue
 
 
 @dataclass(slots=True)
@@ -31,10 +40,16 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.long_prefill_threshold = config.long_prefill_token_threshold
+        self.use_priority = config.scheduling_policy == "priority"
         self.kv = kv
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting = WaitingQueue(self.rank)
+        self.running: list[Sequence] = []  # serving order: priority, then admission
         self.num_preemptions = 0
+        self._budget = 0  # tokens left in the step being scheduled
+
+    def rank(self, seq: Sequence) -> int:
+        """The sequence's priority class; one class for everything under FCFS."""
+        return seq.priority if self.use_priority else 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -54,34 +69,36 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
+        self._budget = self.max_num_batched_tokens
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and self._budget > 0:
             seq = self.running[i]
-            n = self._cap(seq.num_tokens_with_spec - seq.num_computed_tokens, budget)
+            n = self._cap(seq.num_tokens_with_spec - seq.num_computed_tokens, self._budget)
             if n <= 0:
                 i += 1
                 continue
             while not self.kv.allocate_slots(seq, n):
-                victim = self.running.pop()
+                victim = self.running.pop()  # the least urgent, newest
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     break
             else:
                 out.scheduled.append((seq, n))
-                budget -= n
+                self._budget -= n
                 i += 1
                 continue
             break
-        if not out.preempted:
-            self._schedule_waiting(out, budget)
+        self._schedule_waiting(out)
         return out
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput) -> None:
         held_back: list[Sequence] = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        while self.waiting:
+            seq = self.waiting.peek()
+            rank = self.rank(seq)
+            if out.preempted and rank >= min(self.rank(s) for s in out.preempted):
+                break  # never re-admit in the step that preempted it (nor what queues behind)
             parent = seq.parent
             parent_running = parent is not None and parent.status is SequenceStatus.RUNNING
             if parent_running and parent.is_prefilling:
@@ -91,22 +108,89 @@ class Scheduler:
                 blocks, hit = self.kv.fork_blocks(parent, seq)
             else:
                 blocks, hit = self.kv.get_computed_blocks(seq)
-            n = self._cap(seq.num_tokens - seq.num_computed_tokens - hit, budget)
-            if not self.kv.allocate_slots(seq, n, blocks):
+            want = self._cap(seq.num_tokens - seq.num_computed_tokens - hit,
+                             self.max_num_batched_tokens)
+            budget = self._budget
+            if want > budget:
+                budget += self._yieldable(out, rank)
+            n = min(want, budget)
+            if n <= 0 or not self._room_after_preempting(seq, rank, n, blocks):
+                break  # nothing is taken from anyone for a request that still could not start
+            self._yield_budget(out, rank, n)
+            while len(self.running) >= self.max_num_seqs and self._preempt_below(out, rank):
+                pass
+            while not self.kv.allocate_slots(seq, n, blocks):
+                if not self._preempt_below(out, rank):
+                    break
+            else:
+                self.waiting.popleft()
+                self.kv.record_lookup(seq.num_tokens, hit)
+                if seq.num_cached_tokens < 0:
+                    seq.num_cached_tokens = hit
+                seq.status = SequenceStatus.RUNNING
+                bisect.insort_right(self.running, seq, key=self.rank)
+                out.scheduled.append((seq, n))
+                self._budget -= n
+                continue
+            break
+        for seq in reversed(held_back):
+            self.waiting.appendleft(seq)
+
+    def _yieldable(self, out: SchedulerOutput, rank: int) -> int:
+        return sum(n for seq, n in out.scheduled if self.rank(seq) > rank)
+
+    def _room_after_preempting(self, seq: Sequence, rank: int, n: int, blocks) -> bool:
+        """Whether seats and blocks suffice once every strictly less urgent sequence yields."""
+        need = self.kv.num_blocks_needed(seq, n, blocks)
+        free = self.kv.pool.num_free_blocks
+        if len(self.running) < self.max_num_seqs and need <= free:
+            return True  # the common case: nobody has to yield anything
+        victims = [v for v in self.running if self.rank(v) > rank]
+        if len(self.running) - len(victims) >= self.max_num_seqs:
+            return False
+        if need <= free:
+            return True
+        computed = {id(b) for b in blocks}  # shared with a victim: they stay held by seq
+        reclaimable = sum(1 for v in victims for b in v.block_table
+                          if b.ref_cnt == 1 and id(b) not in computed)
+        return need <= free + reclaimable
+
+    def _yield_budget(self, out: SchedulerOutput, rank: int, want: int) -> None:
+        """Take budget back from strictly less urgent sequences scheduled in this step (they
+        keep their blocks and run in a later step), least urgent first."""
+        j = len(out.scheduled) - 1
+        while self._budget < want and j >= 0:
+            seq, n = out.scheduled[j]
+            if self.rank(seq) > rank:
+                del out.scheduled[j]
+                self._unschedule(seq, n)
+            j -= 1
+
+    def _preempt_below(self, out: SchedulerOutput, rank: int) -> bool:
+        """Preempt the least urgent running sequence if it is strictly less urgent than rank."""
+        if not self.running or self.rank(self.running[-1]) <= rank:
+            return False
+        victim = self.running.pop()
+        for j, (seq, n) in enumerate(out.scheduled):
+            if seq is victim:
+                del out.scheduled[j]
+                self._budget += n
                 break
-            self.waiting.popleft()
-            self.kv.record_lookup(seq.num_tokens, hit)
-            if seq.num_cached_tokens < 0:
-                seq.num_cached_tokens = hit
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.scheduled.append((seq, n))
-            budget -= n
-        self.waiting.extendleft(reversed(held_back))
+        self._preempt(victim)
+        out.preempted.append(victim)
+        return True
+
+    def _unschedule(self, seq: Sequence, n: int) -> None:
+        self._budget += n
+        if seq.spec_token_ids:  # unverified drafts are proposed again next step
+            seq.spec_token_ids = []
+            seq.spec_draft_probs = None
+            self.kv.trim_to(seq, seq.num_tokens)
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
         seq.spec_token_ids = []
+        seq.spec_draft_probs = None
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -124,5 +208,4 @@ class Scheduler:
     def sweep_finished(self) -> None:
         if any(s.is_finished for s in self.running):
             self.running = [s for s in self.running if not s.is_finished]
-        if any(s.is_finished for s in self.waiting):
-            self.waiting = deque(s for s in self.waiting if not s.is_finished)
+        self.waiting.remove_finished()

@@ -42,6 +42,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     generator: Any = None  # torch.Generator when the request has a seed (runner-owned)
+    priority: int = 0  # lower is served earlier (vLLM's convention)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

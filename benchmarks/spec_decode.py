@@ -1,7 +1,7 @@
 """Speculative decoding (n-gram / prompt lookup) vs none, on the default model.
 
-Workloads: input-grounded (repeat or lightly edit a given text, so the output copies spans of
-the prompt) and open-ended chat; at concurrency 1 (requests one after another) and 16 (all at
+Workloads: input-grounded (repeat, quote or lightly reformat a paragraph of ~110 tokens, so the
+output copies spans of the prompt, as when editing a document or quoting a retrieved passage) and open-ended chat; at concurrency 1 (requests one after another) and 16 (all at
 once). Greedy, so both runs produce the same tokens and wall time compares directly.
 A draft-model comparison needs a smaller model sharing SmolLM2's tokenizer; none ships with
 kvgate, so it runs only with --draft-model PATH. Ends with one line of JSON.
@@ -19,13 +19,26 @@ from backend_engine.sampling_params import SamplingParams
 
 PASSAGES = [
     "The harbour town woke slowly. Fishing boats came back before sunrise, gulls followed them "
-    "in wide circles, and the market stalls opened one by one along the stone quay.",
+    "in wide circles, and the market stalls opened one by one along the stone quay. By seven the "
+    "smell of bread and coffee drifted from the bakery on the corner, where the owner stacked "
+    "warm loaves in the window and chalked the day's prices on a small board. Children ran past "
+    "on their way to school, and the old ferry sounded its horn twice before leaving for the island.",
     "To reset the router, hold the small button on the back for ten seconds until the light "
-    "turns orange, then wait two minutes and connect again using the password on the label.",
+    "turns orange, then wait two minutes and connect again using the password on the label. If "
+    "the light stays red, unplug the power cable, wait thirty seconds and plug it back in. When "
+    "the light turns green, open a browser, go to the setup page, and choose a new network name "
+    "and password. Write them down and keep them somewhere safe, because the reset erases the "
+    "old settings.",
     "Our quarterly report shows revenue grew by twelve percent, mostly from the new subscription "
-    "plan, while costs stayed flat because the data centre move finished on schedule.",
+    "plan, while costs stayed flat because the data centre move finished on schedule. Customer "
+    "numbers rose in every region except the north, where a competitor cut prices in the spring. "
+    "The board approved a hiring plan for the support team and a second product launch in the "
+    "autumn. Cash reserves remain strong, and we expect the next quarter to follow the same trend.",
     "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen. It happens in "
-    "the chloroplasts of plant cells, where chlorophyll absorbs mostly red and blue light.",
+    "the chloroplasts of plant cells, where chlorophyll absorbs mostly red and blue light. The "
+    "energy captured from light splits water molecules, releasing oxygen into the air. The plant "
+    "then uses that energy to build sugar from carbon dioxide, storing it for growth and for the "
+    "night, when no light is available. Almost all life on Earth depends on this process.",
 ]
 TASKS = ["Repeat the following text exactly, word for word:\n\n{}",
          "Copy this text and put it in quotation marks:\n\n{}",
@@ -54,7 +67,7 @@ def timed(llm: LLM, prompts: list[list[int]], concurrency: int, params) -> float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=8, help="speculative tokens per step (8 beat 4 here)")
     ap.add_argument("--c1-requests", type=int, default=4)
     ap.add_argument("--draft-model", default=None)

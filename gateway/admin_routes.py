@@ -58,6 +58,8 @@ def replica_view(state: GatewayState, replica: Replica) -> dict:
         "in_flight": 0 if load is None else load.in_flight,
         "pending_prefill_tokens": 0 if load is None else load.pending_prefill_tokens,
         "kv_usage": float(replica.load.get("kv_usage", 0.0)),
+        "pinned_blocks": replica.load.get("pinned_blocks"),
+        "max_pinned_blocks": replica.load.get("max_pinned_blocks"),
         "engine_running": int(replica.load.get("running", 0)),
         "engine_waiting": int(replica.load.get("waiting", 0)),
         "requests": c.requests, "errors": c.errors, "prompt_tokens": c.prompt_tokens,
@@ -140,6 +142,16 @@ async def summary(request: Request) -> dict:
                       "resyncs": size.resyncs}}
 
 
+@api.get("/priorities")
+async def priorities(request: Request) -> dict:
+    """Requests, this gateway's in-flight bookings and TTFT by priority class; the keys'
+    default priorities and bounds."""
+    state: GatewayState = request.app.state.gateway
+    return {"data": state.priorities.summary(state.router.load.in_flight_by_priority()),
+            "keys": [{"name": k.name, "priority": k.priority, "max_priority": k.max_priority}
+                     for k in state.config.api_keys]}
+
+
 @api.put("/policy")
 async def set_policy(request: Request) -> dict:
     state: GatewayState = request.app.state.gateway
@@ -148,6 +160,22 @@ async def set_policy(request: Request) -> dict:
         raise bad_request(f"Unknown policy {body.policy!r}; choose from {sorted(REGISTRY)}.", "policy")
     state.set_policy(body.policy)
     return {"policy": state.router.policy.name}
+
+
+@api.get("/prefix_advice")
+async def prefix_advice(request: Request) -> dict:
+    """Volatile fields that defeat the prefix cache, per (key, model); masked, never raw text."""
+    state: GatewayState = request.app.state.gateway
+    models = sorted({m for r in state.replicas.values() for m in r.models})
+    unreadable = [m for m in models if state.tokens.local(m) is None]
+    if state.advice is None:
+        return {"enabled": False, "data": [], "models_without_tokenizer": unreadable}
+    size, c = state.advice.size(), state.advice.config
+    return {"enabled": True, "data": state.advice.snapshot(),
+            "models_without_tokenizer": unreadable, "tracked": size.entries,
+            "prompts_kept": size.prompts, "prompt_bytes": size.prompt_bytes,
+            "min_occurrences": c.min_occurrences, "window_prompts": c.window,
+            "block_size": c.block_size}
 
 
 @page.get("/admin")

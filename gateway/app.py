@@ -13,6 +13,7 @@ from gateway.admin_routes import api as admin_api
 from gateway.admin_routes import page as admin_page
 from gateway.config import GatewayConfig
 from gateway.openai_routes import router as openai_router
+from gateway.pin_routes import router as pin_router
 from gateway.state import GatewayState
 from kvgate.protocol.chat import ChatCompletionRequest
 from kvgate.protocol.completions import CompletionRequest
@@ -43,6 +44,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.max_body_bytes)
     app.include_router(openai_router)
     app.include_router(admin_api)
+    app.include_router(pin_router)
     app.include_router(admin_page)
 
     @app.get("/health")

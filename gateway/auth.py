@@ -2,7 +2,8 @@
 
 Keys are compared as SHA-256 digests with hmac.compare_digest against every known key, so the
 time taken says nothing about how much of a key matched. Keys may also live in Redis (a hash
-`kvgate:keys` of key -> JSON {name, rpm, tpm, isolate_cache}), looked up on a local miss.
+`kvgate:keys` of key -> JSON {name, rpm, tpm, isolate_cache, priority, max_priority}), looked
+up on a local miss.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 from starlette.requests import Request
 
-from gateway.config import ApiKey
+from gateway.config import ApiKey, check_key_priority
 from kvgate.protocol.errors import APIError, unauthorized
 
 log = logging.getLogger(__name__)
@@ -109,8 +110,11 @@ class KeyStore:
             try:
                 meta = json.loads(raw)
                 key = ApiKey(token, str(meta.get("name") or "redis-key"), meta.get("rpm"),
-                             meta.get("tpm"), bool(meta.get("isolate_cache", False)))
+                             meta.get("tpm"), bool(meta.get("isolate_cache", False)),
+                             meta.get("priority", 0), meta.get("max_priority"))
+                check_key_priority(key.priority, key.max_priority)
             except (ValueError, AttributeError):
+                key = None
                 log.warning("ignoring a malformed API key entry in redis")
         self._remember(digest, now, key)
         return key

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from kvgate.protocol.common import MAX_PRIORITY, MIN_PRIORITY
+
 
 class ConfigError(ValueError):
     """The configuration cannot be used (unknown field, bad value, missing file)."""
@@ -21,6 +23,8 @@ class ApiKey:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     isolate_cache: bool = False  # the key gets its own cache namespace (tenant isolation)
+    priority: int = 0  # the request priority when the request gives none (lower: more urgent)
+    max_priority: int | None = None  # the most urgent (smallest) value it may ask for; None: any
 
 
 @dataclass(slots=True)
@@ -50,6 +54,7 @@ class GatewayConfig:
     max_messages: int = 2048
     max_prompt_tokens: int = 131072
     decisions_kept: int = 500
+    prefix_advice: bool = True  # watch prompts for volatile fields that defeat the cache
     seed: int | None = None
     log_level: str = "info"
 
@@ -63,11 +68,30 @@ def _api_key(raw: dict | str, i: int, isolate_default: bool) -> ApiKey:
         return ApiKey(raw, f"key-{i}", isolate_cache=isolate_default)
     if not isinstance(raw, dict) or not isinstance(raw.get("key"), str):
         raise ConfigError(f"api_keys[{i}] needs a string 'key'")
-    unknown = set(raw) - {"key", "name", "rpm", "tpm", "isolate_cache"}
+    unknown = set(raw) - {"key", "name", "rpm", "tpm", "isolate_cache", "priority", "max_priority"}
     if unknown:
         raise ConfigError(f"api_keys[{i}]: unknown fields {sorted(unknown)}")
-    return ApiKey(raw["key"], str(raw.get("name") or f"key-{i}"), raw.get("rpm"), raw.get("tpm"),
-                  bool(raw.get("isolate_cache", isolate_default)))
+    key = ApiKey(raw["key"], str(raw.get("name") or f"key-{i}"), raw.get("rpm"), raw.get("tpm"),
+                 bool(raw.get("isolate_cache", isolate_default)), raw.get("priority", 0),
+                 raw.get("max_priority"))
+    try:
+        check_key_priority(key.priority, key.max_priority)
+    except ValueError as exc:
+        raise ConfigError(f"api_keys[{i}]: {exc}") from None
+    return key
+
+
+def check_key_priority(priority: object, max_priority: object) -> None:
+    """A key's default priority and bound: integers in range, the default within the bound."""
+    for name, value in (("priority", priority), ("max_priority", max_priority)):
+        if value is None and name == "max_priority":
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) \
+                or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+            raise ValueError(f"'{name}' must be an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}]")
+    if max_priority is not None and priority < max_priority:
+        raise ValueError(f"the default 'priority' {priority} is more urgent than the key's "
+                         f"'max_priority' {max_priority}")
 
 
 def load_file(path: str | Path, config: GatewayConfig) -> GatewayConfig:

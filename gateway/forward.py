@@ -37,6 +37,7 @@ class RoutedRequest:
     hashes: list[int]
     prompt_tokens: int
     started: float  # perf_counter at arrival
+    priority: int = 0  # effective: the request's, else its key's default
 
 
 def _exclusions(state: GatewayState, model: str, tried: set[str]) -> set[str]:
@@ -53,7 +54,7 @@ async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
         try:
             decision = await state.shared.route_hashes(
                 routed.hashes, routed.prompt_tokens, f"{routed.request_id}-{attempt}",
-                exclude=_exclusions(state, routed.model, tried))
+                exclude=_exclusions(state, routed.model, tried), priority=routed.priority)
         except NoReplicaAvailable as exc:
             if last is not None:
                 break
@@ -65,6 +66,8 @@ async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
         replica.breaker.on_dispatch()
         record = _record(routed, decision, attempt)
         state.stats.record_decision(record)
+        if attempt == 1:
+            state.priorities.record_request(routed.priority)
         state.metrics.decisions.labels(decision.policy, decision.reason.split(":")[0]).inc()
         sent = time.perf_counter()
         lease = _keep_lease(state, decision)
@@ -118,7 +121,8 @@ def _record(routed: RoutedRequest, decision: Decision, attempt: int) -> Decision
                "cost": s.cost, "excluded": s.excluded} for s in decision.scores]
     return DecisionRecord(routed.request_id, time.time(), routed.model, routed.endpoint,
                           decision.replica, decision.policy, decision.reason,
-                          routed.prompt_tokens, decision.cached_tokens, scores, attempt)
+                          routed.prompt_tokens, decision.cached_tokens, scores, attempt,
+                          priority=routed.priority)
 
 
 def _note_failure(state: GatewayState, replica: Replica, record: DecisionRecord, status: int,
@@ -178,6 +182,7 @@ async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica
     record.ttft_s = elapsed
     state.metrics.ttft.observe(elapsed)
     state.stats.record_ttft(elapsed)
+    state.priorities.record_ttft(routed.priority, elapsed)
     if upstream.status_code == 200:
         try:
             _observe_usage(state, replica, record, usage_of(json.loads(content)))
@@ -200,6 +205,7 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
                     record.ttft_s = time.perf_counter() - routed.started
                     state.metrics.ttft.observe(record.ttft_s)
                     state.stats.record_ttft(record.ttft_s)
+                    state.priorities.record_ttft(routed.priority, record.ttft_s)
                     await state.shared.first_token(decision.request_id)
                 scanner.feed(chunk)
                 yield chunk

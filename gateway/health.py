@@ -36,6 +36,10 @@ async def check_once(state: GatewayState, replica: Replica) -> None:
                 replica.breaker.record_success()
             if not replica.models:
                 await state.refresh_models(replica)
+            if before != HEALTHY:
+                state.pin_sync.schedule_reconcile(replica)
+            else:
+                state.pin_sync.retry_failed(replica)
         else:
             replica.health = UNHEALTHY
             replica.health_detail = f"/health answered {response.status_code}"

@@ -68,6 +68,7 @@ async def _sync_once(state: GatewayState, replica: Replica) -> None:
     replica.namespace_model = snapshot.get("model") or replica.namespace_model
     replica.load = dict(snapshot.get("load") or {})
     replica.kv_resyncs += 1
+    state.pin_sync.schedule_reconcile(replica)  # a restarted replica lost its pins
     seq = int(snapshot.get("seq", 0))
     timeout = httpx.Timeout(10.0, read=EVENT_READ_TIMEOUT_S)
     async with client.stream("GET", f"{replica.url}/kv/events", params={"since": seq},

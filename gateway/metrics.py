@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.circuit import STATE_CODES
+from gateway.prefix_advice_metrics import PrefixAdviceMetrics
 from gateway.replicas import HEALTHY
 from routing.redis_store import StoreState
 
@@ -55,7 +56,11 @@ class GatewayMetrics:
         self.in_flight = Gauge(p + "in_flight_requests", "Requests this gateway has open", ["replica"], registry=r)
         self.index_entries = Gauge(p + "index_entries", "Prefix index entries", ["kind"], registry=r)
         self.index_bytes = Gauge(p + "index_bytes", "Estimated prefix index memory", registry=r)
+        self.pins = Gauge(p + "pinned_prefixes", "Pinned prefixes this gateway knows", registry=r)
+        self.pin_pushes = Counter(p + "pin_pushes_total", "Pins pushed to replicas, by outcome",
+                                  ["outcome"], registry=r)
         self.redis_state = Gauge(p + "redis_state", "1 for the current shared-state mode", ["state"], registry=r)
+        self.prefix_advice = PrefixAdviceMetrics(r, p)
 
     def render(self, state: GatewayState) -> bytes:
         for replica in state.replicas.values():
@@ -68,9 +73,11 @@ class GatewayMetrics:
         self.index_entries.labels("resident").set(size.resident_entries)
         self.index_entries.labels("predicted").set(size.predicted_entries)
         self.index_bytes.set(size.estimated_bytes)
+        self.pins.set(state.pin_store.count)
         current = state.shared.state
         for mode in StoreState:
             self.redis_state.labels(mode.value).set(1 if mode is current else 0)
+        self.prefix_advice.refresh(state.advice)
         return generate_latest(self.registry)
 
     def forget_replica(self, name: str) -> None:

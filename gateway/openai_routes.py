@@ -4,6 +4,7 @@ authenticate, tokenise as the engine will, rate-limit, hash, then forward."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 
@@ -13,6 +14,7 @@ from starlette.responses import Response
 
 from gateway.config import ApiKey
 from gateway.forward import RoutedRequest, forward
+from gateway.priority import effective_priority
 from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
 from kvgate.protocol.chat import ChatCompletionRequest
@@ -25,6 +27,7 @@ from routing.hashing import block_hashes, namespace_for
 from routing.rate_limit import RateLimit
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 
 @router.post("/v1/chat/completions")
@@ -93,6 +96,23 @@ async def _check_rate(state: GatewayState, key: ApiKey | None, tokens: int) -> N
                    {"Retry-After": str(retry)})
 
 
+def _advise(state: GatewayState, key: ApiKey | None, model: str, tokens: list[int],
+            salt: str | None) -> None:
+    """Feed the prompt to the prefix-stability advisor (it reads fields with the model's local
+    tokenizer, so models tokenised remotely get no advice)."""
+    tokenizer = state.tokens.local(model)
+    if state.advice is None or tokenizer is None:
+        return
+    try:
+        found = state.advice.observe(key.name if key else "anonymous", model, tokens,
+                                     tokenizer, salt)
+    except Exception:  # noqa: BLE001 - advice must never fail the request it watches
+        log.exception("prefix advice failed on a prompt of %d tokens", len(tokens))
+        return
+    if found is not None:
+        state.metrics.prefix_advice.record(found)
+
+
 async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Response:  # noqa: ANN001
     started = time.perf_counter()
     state: GatewayState = request.app.state.gateway
@@ -105,10 +125,13 @@ async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Respo
     if not serving:
         raise model_not_found(req.model)
     salt = tenant_salt(key, req.cache_salt)
-    body = raw  # forwarded byte for byte unless the cache namespace must change
+    priority = effective_priority(key, req.priority)
+    changes: dict = {}  # forwarded byte for byte unless the namespace or priority must change
     if salt != req.cache_salt:
-        data["cache_salt"] = salt
-        body = json.dumps(data, separators=(",", ":")).encode()
+        changes["cache_salt"] = salt
+    if priority != (req.priority or 0):
+        changes["priority"] = priority  # the key's default
+    body = json.dumps({**data, **changes}, separators=(",", ":")).encode() if changes else raw
     tokenizer_url = next((r.url for r in serving if r.routable()), serving[0].url)
     if isinstance(req, ChatCompletionRequest):
         tokens = await state.tokens.chat(req, tokenizer_url)
@@ -121,11 +144,12 @@ async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Respo
             f"The prompt has {len(tokens)} tokens; this gateway accepts at most "
             f"{state.config.max_prompt_tokens}.", "messages" if endpoint == "chat" else "prompt")
     await _check_rate(state, key, len(tokens) + max_out * (req.n or 1))
+    _advise(state, key, req.model, tokens, salt)
     namespace_model = serving[0].namespace_model or req.model
     hashes = block_hashes(tokens, namespace_for(namespace_model, salt), state.router.block_size)
     request_id = req.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
     routed = RoutedRequest(request_id, endpoint, path, body, forwarded_headers(request.headers),
-                           req.model, bool(req.stream), hashes, len(tokens), started)
+                           req.model, bool(req.stream), hashes, len(tokens), started, priority)
     try:
         return await unless_disconnected(request, forward(state, routed))
     except ClientDisconnected:  # forward was cancelled: its booking released, upstream closed

@@ -16,7 +16,11 @@ from gateway.config import GatewayConfig
 from gateway.health import check_forever, check_once
 from gateway.kv_sync import follow_kv
 from gateway.metrics import GatewayMetrics
+from gateway.pin_sync import PinSync
+from gateway.pins import PinStore
 from gateway.pool import LeanTransport
+from gateway.prefix_advice import AdviceConfig, PrefixAdvisor
+from gateway.priority import PriorityStats
 from gateway.prompt_tokens import PromptTokens
 from gateway.replicas import Replica, replica_name
 from gateway.stats import GatewayStats
@@ -51,10 +55,18 @@ class GatewayState:
                                                    socket_timeout=0.25)
                            if config.redis_url and config.redis_keys else None)
         self.keys = KeyStore(config.api_keys, config.admin_key, self.keys_redis)
+        self.pins_redis = (aioredis.Redis.from_url(config.redis_url, decode_responses=True,
+                                                   socket_timeout=0.5)
+                           if config.redis_url else None)
+        self.pin_store = PinStore(self.pins_redis)
+        self.pin_sync = PinSync(self)
         self.limiter = RateLimiter(self.store)
         self.tokens = PromptTokens(config.tokenizers, self.client)
         self.metrics = GatewayMetrics()
         self.stats = GatewayStats(config.decisions_kept)
+        self.advice = (PrefixAdvisor(AdviceConfig(block_size=config.block_size))
+                       if config.prefix_advice else None)
+        self.priorities = PriorityStats(self.metrics.registry)
         self._tasks: dict[str, list[asyncio.Task]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -64,12 +76,15 @@ class GatewayState:
     async def close(self) -> None:
         for name in list(self._tasks):
             await self._stop_tasks(name)
+        await self.pin_sync.close()
         await self.client.aclose()
         await self.proxy.aclose()
         if self.store is not None:
             await self.store.close()
         if self.keys_redis is not None:
             await self.keys_redis.aclose()
+        if self.pins_redis is not None:
+            await self.pins_redis.aclose()
 
     # -- membership -----------------------------------------------------------------------
     async def add_replica(self, url: str, name: str | None = None) -> Replica:
@@ -93,6 +108,7 @@ class GatewayState:
         self.replicas.pop(name, None)
         self.router.remove_replica(name)
         self.metrics.forget_replica(name)
+        self.pin_sync.forget_replica(name)
 
     async def _stop_tasks(self, name: str) -> None:
         tasks = self._tasks.pop(name, [])

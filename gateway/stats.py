@@ -28,6 +28,7 @@ class DecisionRecord:
     engine_cached_tokens: int | None = None
     ttft_s: float | None = None
     error: str | None = None
+    priority: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -15,6 +15,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 
+TOKEN_TEXTS_CACHED = 8192
+
+
 class TokenizerUnavailable(RuntimeError):
     """No local tokenizer for a model: the gateway asks a replica's /tokenize instead."""
 
@@ -64,10 +67,24 @@ class LocalTokenizer:
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self.template = env.from_string(template)
+        self._token_texts: dict[int, str] = {}
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """A completions prompt: special tokens added, as the engine's encode_prompt."""
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of token ids, special tokens included."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, cached (prefix advice reads the same few tokens again and again)."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            if len(self._token_texts) >= TOKEN_TEXTS_CACHED:
+                self._token_texts.clear()
+            text = self._token_texts[token_id] = self.decode([token_id])
+        return text
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     chat_template_kwargs: dict | None = None, tools: list[dict] | None = None,

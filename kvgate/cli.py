@@ -30,7 +30,13 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--eviction-policy", default="kvgate", choices=["kvgate", "lru"],
+                   help="free cached blocks: kvgate keeps reused prefixes over one-offs; lru is plain LRU")
+    p.add_argument("--max-pinned-fraction", type=float, default=0.25,
+                   help="share of the KV pool pinned prefixes may hold (POST /admin/pins)")
     p.add_argument("--max-waiting", type=int, default=None, help="waiting-queue limit; beyond it requests get 503")
+    p.add_argument("--scheduling-policy", default="priority", choices=["priority", "fcfs"],
+                   help="priority: lower 'priority' values first (equal ones in arrival order); fcfs: arrival only")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -64,7 +70,10 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
+        eviction_policy=args.eviction_policy,
+        max_pinned_fraction=args.max_pinned_fraction,
         max_waiting=args.max_waiting,
+        scheduling_policy=args.scheduling_policy,
         seed=args.seed,
         num_threads=args.num_threads,
         attention_backend=args.attention_backend,

@@ -3,6 +3,11 @@
 A gateway's own bookings are exact but partial (other gateways route too); the engine's report
 covers every gateway but lags. The effective load is the engine's report plus whatever this
 gateway booked after that report arrived, and never less than this gateway's own open bookings.
+
+Priority (lower is more urgent): a request of priority p competes only with work of priority
+<= p, since the engine serves that first and preempts the rest for it. So a view for p counts
+only bookings and engine-reported work of priority <= p; an engine that reports no breakdown
+by priority has all of its work counted.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ class Booking:
     prefill_tokens: int
     reserved_at: float
     prefilling: bool = True
+    priority: int = 0
+
+    def competes_with(self, priority: int | None) -> bool:
+        return priority is None or self.priority <= priority
 
 
 @dataclass(slots=True)
@@ -28,6 +37,14 @@ class EngineLoad:
     kv_usage: float = 0.0
     pending_prefill_tokens: int = 0
     received_at: float = 0.0
+    by_priority: dict[int, tuple[int, int, int]] | None = None  # (running, waiting, pending)
+
+    def upto(self, priority: int | None) -> tuple[int, int, int]:
+        """(running, waiting, pending prefill tokens) of priority <= `priority` (None: all)."""
+        if priority is None or self.by_priority is None:
+            return self.running, self.waiting, self.pending_prefill_tokens
+        rows = [row for p, row in self.by_priority.items() if p <= priority]
+        return (sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows))
 
 
 @dataclass(slots=True)
@@ -45,6 +62,23 @@ class _ReplicaLoad:
     bookings: OrderedDict[str, Booking] = field(default_factory=OrderedDict)  # by reserve time
     pending_prefill_tokens: int = 0
     engine: EngineLoad | None = None
+    by_priority: dict[int, list[int]] = field(default_factory=dict)  # p -> [in flight, pending]
+
+    def own(self, priority: int | None) -> tuple[int, int]:
+        """This gateway's open bookings of priority <= `priority` (None: all), and their
+        pending prefill tokens."""
+        if priority is None:
+            return len(self.bookings), self.pending_prefill_tokens
+        rows = [row for p, row in self.by_priority.items() if p <= priority]
+        return sum(r[0] for r in rows), sum(r[1] for r in rows)
+
+    def count(self, booking: Booking, in_flight: int, pending: int) -> None:
+        row = self.by_priority.setdefault(booking.priority, [0, 0])
+        row[0] += in_flight
+        row[1] += pending
+        self.pending_prefill_tokens += pending
+        if row == [0, 0]:
+            del self.by_priority[booking.priority]
 
 
 class LoadTracker:
@@ -65,14 +99,15 @@ class LoadTracker:
             for request_id in load.bookings:
                 self._bookings.pop(request_id, None)
 
-    def reserve(self, request_id: str, replica: str, prefill_tokens: int) -> None:
+    def reserve(self, request_id: str, replica: str, prefill_tokens: int,
+                priority: int = 0) -> None:
         """Book a routed request: one more in flight, its uncached tokens still to prefill."""
         if request_id in self._bookings:
             raise ValueError(f"request {request_id!r} is already booked")
         load = self._replicas[replica]
-        booking = Booking(replica, max(0, int(prefill_tokens)), self.clock())
+        booking = Booking(replica, max(0, int(prefill_tokens)), self.clock(), priority=priority)
         load.bookings[request_id] = booking
-        load.pending_prefill_tokens += booking.prefill_tokens
+        load.count(booking, 1, booking.prefill_tokens)
         self._bookings[request_id] = booking
 
     def first_token(self, request_id: str) -> None:
@@ -80,7 +115,7 @@ class LoadTracker:
         booking = self._bookings.get(request_id)
         if booking is not None and booking.prefilling:
             booking.prefilling = False
-            self._replicas[booking.replica].pending_prefill_tokens -= booking.prefill_tokens
+            self._replicas[booking.replica].count(booking, 0, -booking.prefill_tokens)
 
     def finish(self, request_id: str) -> None:
         """Release a booking (completion, error or client abort); unknown ids are ignored."""
@@ -90,8 +125,7 @@ class LoadTracker:
         load = self._replicas.get(booking.replica)
         if load is None:
             return
-        if booking.prefilling:
-            load.pending_prefill_tokens -= booking.prefill_tokens
+        load.count(booking, -1, -booking.prefill_tokens if booking.prefilling else 0)
         load.bookings.pop(request_id, None)
 
     def observe_engine(self, replica: str, report: Mapping | None) -> None:
@@ -105,12 +139,13 @@ class LoadTracker:
             kv_usage=float(report.get("kv_usage", 0.0)),
             pending_prefill_tokens=int(report.get("pending_prefill_tokens", 0)),
             received_at=self.clock(),
+            by_priority=_by_priority(report.get("by_priority")),
         )
 
-    def view(self, replica: str) -> LoadView:
+    def view(self, replica: str, priority: int | None = None) -> LoadView:
+        """The load a request of `priority` competes with (None: all of it)."""
         load = self._replicas[replica]
-        own_in_flight = len(load.bookings)
-        own_pending = load.pending_prefill_tokens
+        own_in_flight, own_pending = load.own(priority)
         engine = load.engine
         if engine is None or self.clock() - engine.received_at > self.engine_stale_after_s:
             return LoadView(own_in_flight, own_pending, 0, 0.0 if engine is None else engine.kv_usage)
@@ -118,13 +153,15 @@ class LoadTracker:
         for booking in reversed(load.bookings.values()):
             if booking.reserved_at <= engine.received_at:
                 break  # bookings are in reserve order; older ones are in the engine's report
-            newer += 1
-            if booking.prefilling:
-                newer_pending += booking.prefill_tokens
+            if booking.competes_with(priority):
+                newer += 1
+                if booking.prefilling:
+                    newer_pending += booking.prefill_tokens
+        running, waiting, pending = engine.upto(priority)
         return LoadView(
-            in_flight=max(own_in_flight, engine.running + engine.waiting + newer),
-            pending_prefill_tokens=max(own_pending, engine.pending_prefill_tokens + newer_pending),
-            waiting=engine.waiting,
+            in_flight=max(own_in_flight, running + waiting + newer),
+            pending_prefill_tokens=max(own_pending, pending + newer_pending),
+            waiting=waiting,
             kv_usage=engine.kv_usage,
         )
 
@@ -137,8 +174,38 @@ class LoadTracker:
             return None
         return load.engine
 
+    def engine_counts(self, replica: str, priority: int | None = None) -> tuple[int, int]:
+        """The fresh engine report's (running + waiting, pending prefill tokens) of priority
+        <= `priority`; (0, 0) without a fresh report."""
+        engine = self.engine_report(replica)
+        if engine is None:
+            return 0, 0
+        running, waiting, pending = engine.upto(priority)
+        return running + waiting, pending
+
     def booking(self, request_id: str) -> Booking | None:
         return self._bookings.get(request_id)
 
     def in_flight_total(self) -> int:
         return len(self._bookings)
+
+    def in_flight_by_priority(self) -> dict[int, int]:
+        """This gateway's open bookings by priority, over all replicas."""
+        out: dict[int, int] = {}
+        for load in self._replicas.values():
+            for priority, (in_flight, _) in load.by_priority.items():
+                out[priority] = out.get(priority, 0) + in_flight
+        return out
+
+
+def _by_priority(raw: object) -> dict[int, tuple[int, int, int]] | None:
+    """An engine's {"<priority>": {running, waiting, pending_prefill_tokens}}; None when absent
+    or malformed (then all of the engine's work counts for every request)."""
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return {int(p): (int(row.get("running", 0)), int(row.get("waiting", 0)),
+                         int(row.get("pending_prefill_tokens", 0)))
+                for p, row in raw.items()}
+    except (TypeError, ValueError, AttributeError):
+        return None

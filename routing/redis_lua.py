@@ -2,12 +2,14 @@
 
 ROUTE_AND_RESERVE reads each candidate's live leases and pending prefill, its shared predicted
 prefix, computes kvgate's cost (routing/policies/kvgate.py, same formula and window), picks,
-and books the lease - so two gateways can never both take the last slot of a replica.
+and books the lease - so two gateways can never both take the last slot of a replica. Load is
+counted as routing/load.py counts it: only leases of priority <= the request's (a lease booked
+without a priority counts for everyone). The in-flight cap counts every lease.
 
-Keys per candidate i: KEYS[3i-2] lease ZSET (request id -> expiry ms), KEYS[3i-1] pending HASH
-(request id -> uncached prefill tokens), KEYS[3i] predicted ZSET (block hash -> expiry ms);
-the last key is the new-prefix rotation HASH (replica -> turn). Predicted members are block
-hashes as 8 little-endian bytes.
+Keys per candidate i: KEYS[4i-3] lease ZSET (request id -> expiry ms), KEYS[4i-2] pending HASH
+(request id -> uncached prefill tokens), KEYS[4i-1] predicted ZSET (block hash -> expiry ms),
+KEYS[4i] priority HASH (request id -> priority); the last key is the new-prefix rotation HASH
+(replica -> turn). Predicted members are block hashes as 8 little-endian bytes.
 """
 
 ROUTE_AND_RESERVE = r"""
@@ -24,9 +26,10 @@ local uncached_weight = tonumber(ARGV[10])
 local batch_scale = tonumber(ARGV[11])
 local near_equal = tonumber(ARGV[12])
 local n = tonumber(ARGV[13])
+local priority = tonumber(ARGV[14])
 local per = 6
 -- Block hashes arrive packed as 8 bytes each in one argument and are used as binary members.
-local packed = ARGV[14 + n * per] or ''
+local packed = ARGV[15 + n * per] or ''
 local hashes = {}
 for j = 1, #packed, 8 do hashes[#hashes + 1] = string.sub(packed, j, j + 7) end
 local max_blocks = math.max(0, math.floor((prompt_tokens - 1) / block_size))
@@ -34,18 +37,34 @@ local rotation_key = KEYS[#KEYS]
 
 local cands = {}
 for i = 1, n do
-  local o = 13 + (i - 1) * per
-  local lease, pend, pred = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local o = 14 + (i - 1) * per
+  local lease, pend, pred, prio = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local expired = redis.call('ZRANGEBYSCORE', lease, '-inf', now)
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
     for k = 1, #expired, 1000 do
-      redis.call('HDEL', pend, unpack(expired, k, math.min(k + 999, #expired)))
+      local last = math.min(k + 999, #expired)
+      redis.call('HDEL', pend, unpack(expired, k, last))
+      redis.call('HDEL', prio, unpack(expired, k, last))
     end
   end
-  local in_flight = math.max(redis.call('ZCARD', lease), tonumber(ARGV[o + 5]))
-  local pending = 0
-  for _, v in ipairs(redis.call('HVALS', pend)) do pending = pending + tonumber(v) end
+  local leases = redis.call('ZCARD', lease)
+  local competing, pending = leases, 0
+  local flat = redis.call('HGETALL', prio)
+  if #flat == 0 then
+    for _, v in ipairs(redis.call('HVALS', pend)) do pending = pending + tonumber(v) end
+  else
+    -- Leases of lower priority (a higher value) leave the count; unknown ones stay in it.
+    local lower = {}
+    for j = 1, #flat, 2 do
+      if tonumber(flat[j + 1]) > priority then lower[flat[j]] = true; competing = competing - 1 end
+    end
+    local pend_flat = redis.call('HGETALL', pend)
+    for j = 1, #pend_flat, 2 do
+      if not lower[pend_flat[j]] then pending = pending + tonumber(pend_flat[j + 1]) end
+    end
+  end
+  local in_flight = math.max(competing, tonumber(ARGV[o + 5]))
   pending = math.max(pending, tonumber(ARGV[o + 6]))
   redis.call('ZREMRANGEBYSCORE', pred, '-inf', now)
   -- The gateway's own index already vouches for the first local_blocks blocks; look up shared
@@ -66,7 +85,7 @@ for i = 1, n do
   local cached = math.max(tonumber(ARGV[o + 2]), math.min(blocks, max_blocks) * block_size)
   local c = {name = ARGV[o + 1], cached = cached, in_flight = in_flight, pending = pending,
              cap = tonumber(ARGV[o + 3]), saturated = tonumber(ARGV[o + 4]), index = i,
-             local_blocks = local_blocks}
+             local_blocks = local_blocks, leases = leases}
   local uncached = math.max(0, prompt_tokens - cached)
   c.cost = (uncached_weight * uncached + pending + block_size) * (1 + in_flight / batch_scale)
   cands[#cands + 1] = c
@@ -83,7 +102,7 @@ end
 
 local open, healthy = {}, {}
 for _, c in ipairs(cands) do
-  if c.cap <= 0 or c.in_flight < c.cap then
+  if c.cap <= 0 or math.max(c.leases, c.in_flight) < c.cap then
     open[#open + 1] = c
     if c.saturated == 0 then healthy[#healthy + 1] = c end
   end
@@ -130,13 +149,16 @@ else
 end
 if all_saturated then reason = 'all_saturated' end
 
-local lease = KEYS[3 * chosen.index - 2]
-local pend = KEYS[3 * chosen.index - 1]
-local pred = KEYS[3 * chosen.index]
+local lease = KEYS[4 * chosen.index - 3]
+local pend = KEYS[4 * chosen.index - 2]
+local pred = KEYS[4 * chosen.index - 1]
+local prio = KEYS[4 * chosen.index]
 redis.call('ZADD', lease, now + lease_ms, request_id)
 redis.call('HSET', pend, request_id, math.max(0, prompt_tokens - chosen.cached))
+redis.call('HSET', prio, request_id, priority)
 redis.call('PEXPIRE', lease, lease_ms * 2)
 redis.call('PEXPIRE', pend, lease_ms * 2)
+redis.call('PEXPIRE', prio, lease_ms * 2)
 if pred_ttl_ms > 0 and #hashes > chosen.local_blocks then
   -- Blocks every gateway's exact index already holds for the chosen replica need no prediction.
   local expiry = now + pred_ttl_ms

@@ -47,8 +47,8 @@ class Candidate:
     cached_tokens: int = 0  # from this gateway's exact index (and local predictions)
     max_in_flight: int = 0  # booking capacity; 0 = unlimited
     saturated: bool = False  # a guard (KV usage, queue) excludes it while others remain
-    engine_in_flight: int = 0  # engine-reported running + waiting: a floor for the shared count
-    engine_pending_prefill: int = 0
+    engine_in_flight: int = 0  # engine-reported running + waiting (of priority <= the
+    engine_pending_prefill: int = 0  # request's): a floor for the shared count
 
 
 @dataclass(slots=True)
@@ -135,17 +135,19 @@ class RedisStore:
     async def route_and_reserve(
         self, request_id: str, candidates: Sequence[Candidate], hashes: Sequence[int],
         prompt_tokens: int, block_size: int, rand: float, params: CostParams | None = None,
+        priority: int = 0,
     ) -> SharedPick | None:
-        """Pick a replica and book it in one atomic script; None if Redis failed."""
+        """Pick a replica and book it in one atomic script; None if Redis failed. Load counts
+        only leases of priority <= `priority` (lower is more urgent)."""
         p = params or CostParams()
         keys: list[str] = []
         args: list[object] = [
             int(time.time() * 1000), self.lease_ms, self.predicted_ttl_ms, request_id,
             prompt_tokens, block_size, rand, p.window_abs, p.window_rel, p.uncached_weight,
-            p.batch_scale, p.near_equal, len(candidates)]
+            p.batch_scale, p.near_equal, len(candidates), int(priority)]
         for c in candidates:
             keys += [self._key("lease", c.name), self._key("pending", c.name),
-                     self._key("pred", c.name)]
+                     self._key("pred", c.name), self._key("prio", c.name)]
             args += [c.name, c.cached_tokens, c.max_in_flight, int(c.saturated),
                      c.engine_in_flight, c.engine_pending_prefill]
         keys.append(f"{self.prefix}:newprefix")
@@ -170,6 +172,7 @@ class RedisStore:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.zrem(self._key("lease", replica), request_id)
                 pipe.hdel(self._key("pending", replica), request_id)
+                pipe.hdel(self._key("prio", replica), request_id)
                 return await pipe.execute()
         return await self._call(release) is not None
 

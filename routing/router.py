@@ -69,7 +69,9 @@ class Router:
 
     # -- routing --------------------------------------------------------------------------
     def replica_states(self, hashes: Sequence[int], prompt_tokens: int,
-                       exclude: Iterable[str] = ()) -> list[ReplicaState]:
+                       exclude: Iterable[str] = (), priority: int = 0) -> list[ReplicaState]:
+        """What a policy sees for each routable replica: predicted cached tokens, and the load
+        of priority <= `priority` (the work a request of that priority waits behind)."""
         skip = set(exclude)
         matched = self.index.match(hashes)
         # An engine always computes the prompt's last token, so at most (n-1)//B blocks hit.
@@ -78,7 +80,7 @@ class Router:
         for info in self.replicas.values():
             if not info.healthy or info.name in skip:
                 continue
-            view = self.load.view(info.name)
+            view = self.load.view(info.name, priority)
             states.append(ReplicaState(
                 info.name, min(matched.get(info.name, 0), max_blocks) * self.block_size,
                 view.in_flight, view.pending_prefill_tokens, view.waiting, view.kv_usage,
@@ -86,28 +88,31 @@ class Router:
         return states
 
     def route(self, token_ids: Sequence[int], namespace: str, request_id: str | None = None,
-              session_key: str | None = None, exclude: Iterable[str] = ()) -> Decision:
+              session_key: str | None = None, exclude: Iterable[str] = (),
+              priority: int = 0) -> Decision:
         """Choose a replica for a tokenised prompt, predict its blocks there and book its load."""
         hashes = block_hashes(token_ids, namespace, self.block_size)
-        return self.route_hashes(hashes, len(token_ids), request_id, session_key, exclude)
+        return self.route_hashes(hashes, len(token_ids), request_id, session_key, exclude,
+                                 priority)
 
     def route_hashes(self, hashes: Sequence[int], prompt_tokens: int,
                      request_id: str | None = None, session_key: str | None = None,
-                     exclude: Iterable[str] = ()) -> Decision:
+                     exclude: Iterable[str] = (), priority: int = 0) -> Decision:
         request = RouteRequest(request_id or f"req-{next(self._ids)}", hashes, prompt_tokens,
-                               self.block_size, session_key)
-        states = self.replica_states(hashes, prompt_tokens, exclude)
+                               self.block_size, session_key, priority)
+        states = self.replica_states(hashes, prompt_tokens, exclude, priority)
         if not states:
             raise NoReplicaAvailable("no healthy replica")
         decision = self.policy.choose(request, states)
-        self.commit(decision, hashes, prompt_tokens)
+        self.commit(decision, hashes, prompt_tokens, priority)
         return decision
 
-    def commit(self, decision: Decision, hashes: Sequence[int], prompt_tokens: int) -> None:
+    def commit(self, decision: Decision, hashes: Sequence[int], prompt_tokens: int,
+               priority: int = 0) -> None:
         """Write the chosen replica's predicted blocks and reserve its load locally."""
         self.index.record_route(decision.replica, hashes)
         self.load.reserve(decision.request_id, decision.replica,
-                          prompt_tokens - decision.cached_tokens)
+                          prompt_tokens - decision.cached_tokens, priority)
 
     def first_token(self, request_id: str) -> None:
         self.load.first_token(request_id)

@@ -34,33 +34,35 @@ class SharedRouter:
 
     async def route(self, token_ids: Sequence[int], namespace: str,
                     request_id: str | None = None, session_key: str | None = None,
-                    exclude: Iterable[str] = ()) -> Decision:
+                    exclude: Iterable[str] = (), priority: int = 0) -> Decision:
         hashes = block_hashes(token_ids, namespace, self.router.block_size)
-        return await self.route_hashes(hashes, len(token_ids), request_id, session_key, exclude)
+        return await self.route_hashes(hashes, len(token_ids), request_id, session_key, exclude,
+                                       priority)
 
     async def route_hashes(self, hashes: Sequence[int], prompt_tokens: int,
                            request_id: str | None = None, session_key: str | None = None,
-                           exclude: Iterable[str] = ()) -> Decision:
+                           exclude: Iterable[str] = (), priority: int = 0) -> Decision:
         router, policy = self.router, self.router.policy
         if self.store is None or not isinstance(policy, KvgatePolicy):
             # Only the kvgate cost runs inside Redis; baselines stay per gateway.
-            return router.route_hashes(hashes, prompt_tokens, request_id, session_key, exclude)
+            return router.route_hashes(hashes, prompt_tokens, request_id, session_key, exclude,
+                                       priority)
         request_id = request_id or f"req-{self._rng.getrandbits(64):016x}"
-        states = router.replica_states(hashes, prompt_tokens, exclude)
+        states = router.replica_states(hashes, prompt_tokens, exclude, priority)
         if not states:
             raise NoReplicaAvailable("no healthy replica")
         candidates = []
         for s in states:
-            engine = router.load.engine_report(s.name)
+            engine_in_flight, engine_pending = router.load.engine_counts(s.name, priority)
             candidates.append(Candidate(
                 s.name, s.cached_tokens, self.max_in_flight, policy.saturated(s) is not None,
-                0 if engine is None else engine.running + engine.waiting,
-                0 if engine is None else engine.pending_prefill_tokens))
+                engine_in_flight, engine_pending))
         pick = await self.store.route_and_reserve(
             request_id, candidates, hashes, prompt_tokens, router.block_size,
-            self._rng.random(), self._params())
+            self._rng.random(), self._params(), priority)
         if pick is None:
-            decision = router.route_hashes(hashes, prompt_tokens, request_id, session_key, exclude)
+            decision = router.route_hashes(hashes, prompt_tokens, request_id, session_key, exclude,
+                                           priority)
             decision.reason = f"local_fallback:{decision.reason}"
             return decision
         if pick.replica is None:
@@ -74,7 +76,7 @@ class SharedRouter:
         decision = Decision(pick.replica, pick.reason, policy.name, scores, request_id,
                             chosen.cached_tokens)
         # Mirror the booking locally, so a Redis outage mid-request still has load to go on.
-        router.commit(decision, hashes, prompt_tokens)
+        router.commit(decision, hashes, prompt_tokens, priority)
         self._booked_in_redis.add(request_id)
         return decision
 

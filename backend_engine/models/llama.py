@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from backend_engine.attention.backend import AttentionBackend
 from backend_engine.attention.metadata import AttentionMetadata
 from backend_engine.errors import ModelLoadError
+from backend_engine.models.linear import RowAwareLinear
 from backend_engine.models.rotary import RotaryEmbedding
 
 
@@ -45,9 +46,10 @@ class DecoderLayer:
 
     def __call__(self, hidden, positions, k_cache, v_cache, meta: AttentionMetadata):
         m = self.model
+        linear = m.linear
         residual = hidden
         x = rms_norm(hidden, self.input_norm, m.eps)
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([m.q_size, m.kv_size, m.kv_size], dim=-1)
         q = q.view(-1, m.num_heads, m.head_dim)
         k = k.view(-1, m.num_kv_heads, m.head_dim)
@@ -55,16 +57,17 @@ class DecoderLayer:
         q, k = m.rotary(positions, q, k)
         m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale)
-        hidden = residual + F.linear(attn.reshape(-1, m.q_size), self.o_weight)
+        hidden = residual + linear(attn.reshape(-1, m.q_size), self.o_weight)
         residual = hidden
         x = rms_norm(hidden, self.post_attn_norm, m.eps)
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return residual + F.linear(F.silu(gate) * up, self.down_weight)
+        gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return residual + linear(F.silu(gate) * up, self.down_weight)
 
 
 class LlamaModel:
     def __init__(self, config, weights: dict[str, torch.Tensor], attention: AttentionBackend,
-                 max_positions: int, dtype: torch.dtype, device: str = "cpu"):
+                 max_positions: int, dtype: torch.dtype, device: str = "cpu",
+                 calibrate_matmuls: bool = True):
         self.config = config
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -86,6 +89,11 @@ class LlamaModel:
         self.lm_head = self.embed if tied else weights["lm_head.weight"]
         self.layers = [DecoderLayer(weights, f"model.layers.{i}.", self)
                        for i in range(self.num_layers)]
+        self.linear = RowAwareLinear()
+        if calibrate_matmuls and self.lm_head.device.type == "cpu":
+            first = self.layers[0]
+            self.linear.calibrate([first.qkv_weight, first.o_weight, first.gate_up_weight,
+                                   first.down_weight, self.lm_head])
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -98,6 +106,4 @@ class LlamaModel:
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # W @ h^T rather than h @ W^T: with few rows MKL takes a slow path for the latter
-        # (measured 2-4x slower for 2-8 rows on the reference CPU), never a faster one.
-        return torch.matmul(self.lm_head, hidden.t()).t().float().contiguous()
+        return self.linear(hidden, self.lm_head).float()

@@ -61,7 +61,8 @@ async def create_chat_completion(request: Request) -> Response:
         return chat_completion(meta, outputs[0], req.num_logprobs)
 
     return await serve_generation(
-        request, state, meta, [prompt], params, req.cache_salt, bool(req.stream), render_stream, render_final
+        request, state, meta, [prompt], params, req.cache_salt, bool(req.stream), render_stream, render_final,
+        priority=req.priority or 0,
     )
 
 

@@ -49,7 +49,8 @@ async def create_completion(request: Request) -> Response:
         return completion_stream(view, started, req.include_usage)
 
     return await serve_generation(
-        request, state, meta, prompts, params, req.cache_salt, bool(req.stream), render_stream, view.final
+        request, state, meta, prompts, params, req.cache_salt, bool(req.stream), render_stream, view.final,
+        priority=req.priority or 0,
     )
 
 

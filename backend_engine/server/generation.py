@@ -32,8 +32,8 @@ class Started:
 
 
 async def _start_one(engine: "AsyncLLMEngine", index: int, prompt: list[int], params: SamplingParams,
-                     request_id: str, cache_salt: str | None) -> Started:
-    gen = engine.generate(prompt, params, request_id, cache_salt=cache_salt)
+                     request_id: str, cache_salt: str | None, priority: int) -> Started:
+    gen = engine.generate(prompt, params, request_id, cache_salt=cache_salt, priority=priority)
     try:
         first = await gen.__anext__()
     except BaseException:
@@ -44,9 +44,9 @@ async def _start_one(engine: "AsyncLLMEngine", index: int, prompt: list[int], pa
 
 async def start_generations(engine: "AsyncLLMEngine", prompts: list[list[int]], params: SamplingParams,
                             request_ids: list[str], cache_salt: str | None,
-                            abort: asyncio.Event | None = None) -> list[Started]:
+                            abort: asyncio.Event | None = None, priority: int = 0) -> list[Started]:
     """Submit every prompt and wait for each one's first output; on any failure close them all."""
-    tasks = [asyncio.ensure_future(_start_one(engine, i, p, params, rid, cache_salt))
+    tasks = [asyncio.ensure_future(_start_one(engine, i, p, params, rid, cache_salt, priority))
              for i, (p, rid) in enumerate(zip(prompts, request_ids))]
     try:
         started = list(await asyncio.gather(*tasks))

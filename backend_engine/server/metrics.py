@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+MAX_PRIORITY_LABELS = 16
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0)
 
 _ENGINE_COUNTERS = (
@@ -38,7 +39,7 @@ _SPEC_COUNTERS = (
 )
 
 _ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
-           "/metrics", "/kv/snapshot", "/kv/events"}
+           "/metrics", "/kv/snapshot", "/kv/events", "/admin/pins"}
 
 
 class _EngineCollector(Collector):
@@ -62,6 +63,10 @@ class _EngineCollector(Collector):
         for reason, count in sorted(getattr(stats, "finished_by_reason", {}).items()):
             outcomes.add_metric([reason], float(count))
         yield outcomes
+        pins = getattr(engine, "pins", None)
+        if pins is not None:
+            yield GaugeMetricFamily("kvgate_pinned_prefixes", "Prefixes pinned on this replica.",
+                                    value=float(len(pins())))
         load = engine.load()
         for key, name, doc in (
             ("running", "kvgate_num_requests_running", "Requests in the running batch."),
@@ -70,9 +75,23 @@ class _EngineCollector(Collector):
             ("pending_prefill_tokens", "kvgate_pending_prefill_tokens", "Prompt tokens not yet prefilled."),
             ("num_free_blocks", "kvgate_kv_cache_free_blocks", "KV blocks not held by a running request."),
             ("num_total_blocks", "kvgate_kv_cache_total_blocks", "KV blocks in the pool."),
+            ("pinned_blocks", "kvgate_kv_cache_pinned_blocks", "KV blocks held by pinned prefixes."),
+            ("max_pinned_blocks", "kvgate_kv_cache_pinned_capacity_blocks",
+             "KV blocks pinned prefixes may hold (max_pinned_fraction of the pool)."),
         ):
             if key in load:
                 yield GaugeMetricFamily(name, doc, value=float(load[key]))
+        yield _by_priority(load.get("by_priority") or {})
+
+
+def _by_priority(by_priority: dict) -> Metric:
+    family = GaugeMetricFamily("kvgate_num_requests_by_priority",
+                               "Sequences in the scheduler's queues, by priority and state.",
+                               labels=["priority", "state"])
+    for priority, row in sorted(by_priority.items(), key=lambda item: int(item[0])):
+        for state in ("running", "waiting"):
+            family.add_metric([priority, state], float(row[state]))
+    return family
 
 
 def _spec_metrics(spec) -> Iterator[Metric]:
@@ -101,6 +120,10 @@ class ServerMetrics:
                               buckets=TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("kvgate_e2e_request_latency_seconds", "Request latency, arrival to finish.",
                              buckets=E2E_BUCKETS, registry=r)
+        self.ttft_by_priority = Histogram(
+            "kvgate_time_to_first_token_by_priority_seconds", "Time to first token, by request priority.",
+            ["priority"], buckets=TTFT_BUCKETS, registry=r)
+        self._priority_labels: set[str] = set()
         self.http = Counter("kvgate_http_requests", "HTTP requests by route and status code.",
                             ["route", "status_code"], registry=r)
 
@@ -112,6 +135,18 @@ class ServerMetrics:
         for key, histogram in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e)):
             for value in observed.get(key, ()):
                 histogram.observe(value)
+        for priority, value in engine.drain_ttft_by_priority():
+            self.ttft_by_priority.labels(self._priority_label(priority)).observe(value)
+
+    def _priority_label(self, priority: int) -> str:
+        """The priority as a label; past MAX_PRIORITY_LABELS distinct values, "other" (a client
+        cannot grow the series without bound)."""
+        label = str(priority)
+        if label not in self._priority_labels:
+            if len(self._priority_labels) >= MAX_PRIORITY_LABELS:
+                return "other"
+            self._priority_labels.add(label)
+        return label
 
     def render(self) -> bytes:
         self.drain_engine_observations()
@@ -136,7 +171,9 @@ class HTTPMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        route = path if path in _ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
+        route = path if path in _ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/")
+                                             else "/admin/pins/{id}" if path.startswith("/admin/pins/")
+                                             else "other")
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":

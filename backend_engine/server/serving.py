@@ -84,6 +84,7 @@ async def serve_generation(
     stream: bool,
     render_stream: StreamRenderer,
     render_final: FinalRenderer,
+    priority: int = 0,
 ) -> Response:
     engine = state.ready_engine()
     # Engine ids stay unique even when clients reuse their own request_id.
@@ -97,7 +98,8 @@ async def serve_generation(
             state.release(rid)
 
     try:
-        starting = start_generations(engine, prompts, params, request_ids, cache_salt, state.abort_in_flight)
+        starting = start_generations(engine, prompts, params, request_ids, cache_salt, state.abort_in_flight,
+                                     priority)
         started = await unless_disconnected(request, starting)
     except ClientDisconnected:
         release()

@@ -15,6 +15,9 @@ MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 MAX_LOGIT_BIAS = 100.0
 MAX_METADATA_PAIRS = 16
+# vLLM's request priority: lower is served earlier, 0 by default; bounded to int32 at the edge
+MIN_PRIORITY = -(2**31)
+MAX_PRIORITY = 2**31 - 1
 
 
 class StrictModel(BaseModel):
@@ -55,6 +58,7 @@ class SamplingFields(StrictModel):
     skip_special_tokens: bool | None = True
     cache_salt: str | None = Field(default=None, min_length=1)
     request_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:-]+$")
+    priority: int | None = Field(default=None, ge=MIN_PRIORITY, le=MAX_PRIORITY)
 
     @model_validator(mode="after")
     def _check_shared(self) -> Any:

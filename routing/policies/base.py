@@ -15,6 +15,7 @@ class RouteRequest:
     prompt_tokens: int
     block_size: int = 16
     session_key: str | None = None  # e.g. the value of an affinity header
+    priority: int = 0  # lower is more urgent; the load it sees is that of priority <= this
 
 
 @dataclass(slots=True)

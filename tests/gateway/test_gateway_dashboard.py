@@ -109,3 +109,64 @@ def test_dashboard_signs_in_and_shows_live_numbers(cluster, browser):
     assert page.is_visible("#login")
     assert page.evaluate("sessionStorage.getItem('kvgate-admin-key')") is None
     page.close()
+
+
+def test_dashboard_shows_prefix_advice_masked(cluster, browser):
+    _, gw = cluster
+    stamps = [f"2025-0{i + 1}-1{i} 0{i}:3{i}:5{i}" for i in range(4)]
+    rules = procs.long_system_prompt("advice")
+    for ts in stamps:
+        r = httpx.post(gw.url + "/v1/chat/completions", timeout=60, json={
+            "model": procs.MODEL, "max_tokens": 1,
+            "messages": [{"role": "system", "content": f"Now: {ts}. {rules}"},
+                         {"role": "user", "content": "hi"}]})
+        assert r.status_code == 200
+    advice = procs.admin(gw, "/prefix_advice").json()["data"]
+    assert len(advice) == 1 and advice[0]["active"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(gw.url + "/admin")
+    page.fill("#key", procs.ADMIN_KEY)
+    page.click("#login-btn")
+    row = page.wait_for_selector('#prefix-advice tbody tr[data-key="anonymous"]', timeout=10_000)
+    assert row.query_selector('[data-field="excerpt"]').text_content() == advice[0]["excerpt"]
+    assert "⟦####-##-## ##:##:##⟧" in advice[0]["excerpt"]
+    assert row.query_selector('[data-field="saving_tokens_per_request"]').text_content() == str(
+        advice[0]["saving_tokens_per_request"])
+    assert "active" in row.text_content()
+    text = page.text_content("#advice-panel")
+    assert not any(piece in text for ts in stamps for piece in ts.split())
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#advice-panel").screenshot(path=str(ARTIFACTS / "prefix_advice.png"))
+    page.close()
+
+
+def test_dashboard_pins_a_prefix_shows_it_per_replica_and_removes_it(cluster, browser):
+    _, gw = cluster
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(gw.url + "/admin")
+    page.fill("#key", procs.ADMIN_KEY)
+    page.click("#login-btn")
+    page.wait_for_selector("#pin-model option", state="attached", timeout=10_000)
+
+    page.select_option("#pin-kind", "system")
+    page.fill("#pin-text", "too short")
+    page.click("#pin-add")
+    page.wait_for_function("document.getElementById('pin-err').textContent.includes('full block')")
+    assert procs.admin(gw, "/pins").json()["data"] == []
+
+    page.fill("#pin-text", procs.long_system_prompt("dashboard-pin", words=80))
+    page.click("#pin-add")
+    page.wait_for_selector("#pins tbody tr[data-pin]", timeout=30_000)
+    (pin,) = procs.admin(gw, "/pins").json()["data"]
+    row = f'#pins tr[data-pin="{pin["id"]}"]'
+    assert page.text_content(f'{row} td[data-field="num_blocks"]') == str(pin["num_blocks"])
+    assert page.locator(f"{row} .pill", has_text="pinned").count() == 2
+    assert "[dashboard-pin]" in page.text_content(f'{row} td[data-field="excerpt"]')
+    page.wait_for_function(
+        f"document.getElementById('pin-capacity').textContent.includes('{pin['num_blocks']} / ')", timeout=10_000)
+    page.locator("#pins-panel").screenshot(path=str(ARTIFACTS / "dashboard-pins.png"))
+
+    page.click(f'{row} button[data-unpin]')
+    page.wait_for_selector(row, state="detached", timeout=10_000)
+    assert procs.admin(gw, "/pins").json()["data"] == []
+    page.close()
