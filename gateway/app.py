@@ -15,7 +15,10 @@ from gateway.config import GatewayConfig
 from gateway.openai_routes import router as openai_router
 from gateway.pin_routes import router as pin_router
 from gateway.state import GatewayState
+from kvgate.protocol.chat import ChatCompletionRequest
+from kvgate.protocol.completions import CompletionRequest
 from kvgate.protocol.http import BodySizeLimitMiddleware, install_error_handlers
+from kvgate.protocol.openapi import document_bodies
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -35,8 +38,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         finally:
             await state.close()
 
-    app = FastAPI(title="kvgate gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="kvgate gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.max_body_bytes)
@@ -56,4 +58,5 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def metrics() -> Response:
         return Response(state.metrics.render(state), media_type="text/plain; version=0.0.4")
 
+    document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest})
     return app

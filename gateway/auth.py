@@ -20,6 +20,7 @@ from gateway.config import ApiKey, check_key_priority
 from kvgate.protocol.errors import APIError, unauthorized
 
 log = logging.getLogger(__name__)
+REDIS_CACHE_MAX_ENTRIES = 10_000
 REDIS_KEYS_HASH = "kvgate:keys"
 
 
@@ -115,5 +116,15 @@ class KeyStore:
             except (ValueError, AttributeError):
                 key = None
                 log.warning("ignoring a malformed API key entry in redis")
-        self._redis_cache[digest] = (now + self.redis_cache_s, key)
+        self._remember(digest, now, key)
         return key
+
+    def _remember(self, digest: bytes, now: float, key: ApiKey | None) -> None:
+        """Cache a Redis answer; bounded, since every wrong key a client invents adds one."""
+        cache = self._redis_cache
+        if len(cache) >= REDIS_CACHE_MAX_ENTRIES:
+            for old in [d for d, (expires, _) in cache.items() if expires <= now]:
+                del cache[old]
+            while len(cache) >= REDIS_CACHE_MAX_ENTRIES:
+                del cache[next(iter(cache))]  # the oldest entry
+        cache[digest] = (now + self.redis_cache_s, key)

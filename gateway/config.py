@@ -46,6 +46,7 @@ class GatewayConfig:
     failure_threshold: int = 3  # consecutive failures that open a replica's circuit
     circuit_cooldown_s: float = 5.0
     max_in_flight: int = 0  # per replica, across gateways when Redis is shared; 0 = unlimited
+    lease_s: float = 30.0  # a booking in Redis expires unless its gateway renews it (lease_s / 3)
     approx_capacity_blocks: int = 8192  # LRU size for replicas without KV events
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 600.0
@@ -127,6 +128,8 @@ def apply_env(config: GatewayConfig, env: dict[str, str] | None = None) -> Gatew
 def validate(config: GatewayConfig) -> GatewayConfig:
     if config.max_attempts < 1:
         raise ConfigError("max_attempts must be at least 1")
+    if config.lease_s <= 0:
+        raise ConfigError("lease_s must be positive")
     if config.failure_threshold < 1:
         raise ConfigError("failure_threshold must be at least 1")
     names = [k.name for k in config.api_keys]

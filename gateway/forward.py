@@ -17,7 +17,7 @@ from starlette.responses import Response
 from gateway.replicas import Replica
 from gateway.state import GatewayState
 from gateway.stats import DecisionRecord
-from gateway.upstream import UpstreamFailure, UsageScanner, open_upstream, usage_of
+from gateway.upstream import UpstreamFailure, UsageScanner, open_until_down, usage_of
 from kvgate.protocol.errors import APIError, service_unavailable
 from kvgate.protocol.sse import DONE, EventStreamResponse, sse_error
 from routing.policies import Decision, NoReplicaAvailable
@@ -70,11 +70,12 @@ async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
             state.priorities.record_request(routed.priority)
         state.metrics.decisions.labels(decision.policy, decision.reason.split(":")[0]).inc()
         sent = time.perf_counter()
+        lease = _keep_lease(state, decision)
         try:
-            upstream = await open_upstream(state.proxy, replica, routed.path, routed.body,
-                                           routed.headers)
+            upstream = await open_until_down(state.proxy, replica, routed.path, routed.body,
+                                              routed.headers)
         except UpstreamFailure as failure:
-            await state.shared.finish(decision.request_id)
+            await _release(state, decision, lease)
             _note_failure(state, replica, record, failure.status or 502, str(failure))
             last = failure
             tried.add(replica.name)
@@ -82,12 +83,36 @@ async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
                 state.metrics.retries.labels(failure.reason).inc()
                 await asyncio.sleep(config.retry_backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
             continue
+        except BaseException:  # cancelled (the client left before the replica answered)
+            await _release(state, decision, lease)
+            raise
         state.metrics.upstream_latency.labels(replica.name).observe(time.perf_counter() - sent)
         replica.breaker.record_success()
         if routed.stream and upstream.status_code == 200:
-            return _stream(state, routed, replica, decision, record, upstream)
-        return await _buffered(state, routed, replica, decision, record, upstream)
+            return _stream(state, routed, replica, decision, record, upstream, lease)
+        return await _buffered(state, routed, replica, decision, record, upstream, lease)
     raise _all_failed(state, routed, last)
+
+
+def _keep_lease(state: GatewayState, decision: Decision) -> asyncio.Task | None:
+    """Renew the request's Redis lease every third of its length while the request runs, so
+    only a gateway that died leaves bookings behind, and only for one lease."""
+    store = state.store
+    if store is None:
+        return None
+
+    async def renew_forever() -> None:
+        while True:
+            await asyncio.sleep(store.lease_ms / 1000 / 3)
+            await store.renew(decision.replica, decision.request_id)
+
+    return asyncio.create_task(renew_forever())
+
+
+async def _release(state: GatewayState, decision: Decision, lease: asyncio.Task | None) -> None:
+    if lease is not None:
+        lease.cancel()
+    await state.shared.finish(decision.request_id)
 
 
 def _record(routed: RoutedRequest, decision: Decision, attempt: int) -> DecisionRecord:
@@ -142,7 +167,7 @@ def _finish_request(state: GatewayState, routed: RoutedRequest, replica: Replica
 
 async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica,
                     decision: Decision, record: DecisionRecord,
-                    upstream: httpx.Response) -> Response:
+                    upstream: httpx.Response, lease: asyncio.Task | None) -> Response:
     try:
         content = await upstream.aread()
     except httpx.HTTPError as exc:
@@ -151,7 +176,7 @@ async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica
                        "upstream_error") from None
     finally:
         await upstream.aclose()
-        await state.shared.finish(decision.request_id)
+        await _release(state, decision, lease)
         _finish_request(state, routed, replica, record, upstream.status_code)
     elapsed = time.perf_counter() - routed.started
     record.ttft_s = elapsed
@@ -168,13 +193,11 @@ async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica
 
 
 def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decision: Decision,
-            record: DecisionRecord, upstream: httpx.Response) -> Response:
+            record: DecisionRecord, upstream: httpx.Response, lease: asyncio.Task | None) -> Response:
     scanner = UsageScanner()
-    renew_every = (state.store.lease_ms / 1000 / 3) if state.store is not None else None
 
     async def relay() -> AsyncIterator[bytes]:
         first = True
-        last_renew = time.monotonic()
         try:
             async for chunk in upstream.aiter_raw():
                 if first:
@@ -186,9 +209,6 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
                     await state.shared.first_token(decision.request_id)
                 scanner.feed(chunk)
                 yield chunk
-                if renew_every is not None and time.monotonic() - last_renew > renew_every:
-                    last_renew = time.monotonic()
-                    await state.store.renew(replica.name, decision.request_id)
         except httpx.HTTPError as exc:
             _note_failure(state, replica, record, 502, f"{replica.name} broke mid-stream: {exc}")
             state.metrics.stream_errors.labels(replica.name).inc()
@@ -198,7 +218,7 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
 
     async def on_close() -> None:
         await upstream.aclose()
-        await state.shared.finish(decision.request_id)
+        await _release(state, decision, lease)
         _observe_usage(state, replica, record, scanner.usage)
         _finish_request(state, routed, replica, record, 200)
 

@@ -26,6 +26,7 @@ async def check_once(state: GatewayState, replica: Replica) -> None:
     except (httpx.HTTPError, OSError) as exc:
         replica.health, replica.health_detail = DOWN, type(exc).__name__
         replica.breaker.trip()
+        replica.notify_down()
     else:
         if response.status_code == 200:
             replica.health, replica.health_detail = HEALTHY, ""

@@ -19,6 +19,7 @@ from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
 from kvgate.protocol.chat import ChatCompletionRequest
 from kvgate.protocol.completions import CompletionRequest
+from kvgate.protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
 from kvgate.protocol.errors import APIError, bad_request, context_length_exceeded, model_not_found
 from kvgate.protocol.model_list import ModelCard, ModelList
 from kvgate.protocol.parsing import parse_json_body, parse_request
@@ -149,4 +150,7 @@ async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Respo
     request_id = req.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
     routed = RoutedRequest(request_id, endpoint, path, body, forwarded_headers(request.headers),
                            req.model, bool(req.stream), hashes, len(tokens), started, priority)
-    return await forward(state, routed)
+    try:
+        return await unless_disconnected(request, forward(state, routed))
+    except ClientDisconnected:  # forward was cancelled: its booking released, upstream closed
+        return Response(status_code=CLIENT_CLOSED_REQUEST)

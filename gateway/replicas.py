@@ -3,6 +3,7 @@ and the per-replica counts behind the dashboard."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from gateway.circuit import CLOSED, CircuitBreaker
@@ -36,10 +37,19 @@ class Replica:
     parity: str = "unchecked"  # "ok", "mismatch: …", "unavailable", "unchecked"
     load: dict = field(default_factory=dict)  # the engine's last report
     counts: ReplicaCounts = field(default_factory=ReplicaCounts)
+    # Requests waiting for this replica's first byte; told when the health checks find it down.
+    down_waiters: set[asyncio.Future] = field(default_factory=set, repr=False)
 
     def routable(self) -> bool:
         """May this replica be offered to the policy for a new request?"""
         return self.health == HEALTHY and not self.draining and self.breaker.allow()
+
+    def notify_down(self) -> None:
+        """The replica stopped answering: requests still waiting for its first byte give up on it."""
+        for waiter in self.down_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self.down_waiters.clear()
 
     @property
     def status(self) -> str:

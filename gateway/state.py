@@ -40,7 +40,7 @@ class GatewayState:
             config.admin_key = secrets.token_urlsafe(24)
             log.warning("no admin key configured; this run's admin key is %s", config.admin_key)
         self.router = Router(config.policy, block_size=config.block_size, seed=config.seed)
-        self.store = RedisStore(config.redis_url, timeout_s=0.25) if config.redis_url else None
+        self.store = RedisStore(config.redis_url, timeout_s=0.25, lease_s=config.lease_s) if config.redis_url else None
         self.shared = SharedRouter(self.router, self.store, config.max_in_flight, config.seed)
         self.replicas: dict[str, Replica] = {}
         # Two clients: request traffic through the O(1) keep-alive pool (see gateway/pool.py),

@@ -3,6 +3,7 @@ classify what comes back before the first body byte (the only point where a retr
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ class UpstreamFailure(Exception):
     def __init__(self, reason: str, message: str, status: int | None = None,
                  body: bytes | None = None) -> None:
         super().__init__(message)
-        self.reason = reason  # "connect", "timeout", "status_5xx", "protocol"
+        self.reason = reason  # "connect", "timeout", "status_5xx", "protocol", "down"
         self.status = status
         self.body = body
 
@@ -53,6 +54,26 @@ async def open_upstream(client: httpx.AsyncClient, replica: Replica, path: str, 
         raise UpstreamFailure("status_5xx", f"{replica.name} answered {response.status_code}",
                               response.status_code, content)
     return response
+
+
+async def open_until_down(client: httpx.AsyncClient, replica: Replica, path: str, body: bytes,
+                          headers: dict[str, str]) -> httpx.Response:
+    """`open_upstream`, given up as soon as the health checks find the replica down: a hung
+    replica (accepting connections, never answering) would otherwise hold the request until the
+    read timeout, although nothing has reached the client yet and a retry is safe."""
+    attempt = asyncio.ensure_future(open_upstream(client, replica, path, body, headers))
+    down = asyncio.get_running_loop().create_future()
+    replica.down_waiters.add(down)
+    try:
+        await asyncio.wait((attempt, down), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        replica.down_waiters.discard(down)
+        if not attempt.done():
+            attempt.cancel()
+            await asyncio.gather(attempt, return_exceptions=True)
+    if attempt.cancelled():
+        raise UpstreamFailure("down", f"{replica.name} stopped answering (health check)")
+    return attempt.result()
 
 
 def forwarded_headers(incoming) -> dict[str, str]:  # noqa: ANN001 - starlette Headers

@@ -16,7 +16,11 @@ from backend_engine.server import (chat, completions, kv_routes, model_routes, o
 from backend_engine.server.metrics import HTTPMetricsMiddleware, ServerMetrics
 from backend_engine.server.settings import ServerSettings
 from backend_engine.server.state import ServerState
+from kvgate.protocol.chat import ChatCompletionRequest
+from kvgate.protocol.completions import CompletionRequest
 from kvgate.protocol.http import BodySizeLimitMiddleware, install_error_handlers
+from kvgate.protocol.openapi import document_bodies
+from kvgate.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 if TYPE_CHECKING:
     from backend_engine.async_engine import AsyncLLMEngine
@@ -46,6 +50,8 @@ def create_app(settings: ServerSettings, engine_factory: Callable[[], "AsyncLLME
     install_error_handlers(app)
     for module in (chat, completions, model_routes, tokenize_routes, ops_routes, kv_routes, pin_routes):
         app.include_router(module.router)
+    document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
+                          "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
     # Outermost first: count every response, then refuse oversized bodies before anything reads them.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(HTTPMetricsMiddleware, metrics=metrics)

@@ -1,27 +1,20 @@
 """Running engine requests for one HTTP request: start them (so bad input or a full queue is
-still an HTTP status, not an event inside a 200 stream), merge their streams, abort on a departed
-client. Closing an engine generator aborts its request and frees its blocks at once."""
+still an HTTP status, not an event inside a 200 stream) and merge their streams; a departed
+client cancels them (kvgate/protocol/disconnect.py). Closing an engine generator aborts its
+request and frees its blocks at once."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
-
-from starlette.requests import Request
+from typing import TYPE_CHECKING
 
 from backend_engine.outputs import RequestOutput
 from backend_engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from backend_engine.async_engine import AsyncLLMEngine
-
-T = TypeVar("T")
-
-
-class ClientDisconnected(Exception):
-    """The client went away before the answer was ready."""
 
 
 class RequestAborted(Exception):
@@ -128,30 +121,3 @@ async def final_outputs(started: list[Started]) -> list[RequestOutput]:
     async for index, out in merged(started):
         last[index] = out
     return [last[i] for i in sorted(last)]
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work` (the body already read), cancelling it the moment the client disconnects."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        watcher.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-        raise
-    watcher.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-        raise ClientDisconnected()
-    await asyncio.gather(watcher, return_exceptions=True)
-    return task.result()

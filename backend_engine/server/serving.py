@@ -19,16 +19,15 @@ from backend_engine.errors import EngineDeadError, EngineError
 from backend_engine.outputs import RequestOutput
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.generation import (
-    ClientDisconnected,
     RequestAborted,
     Started,
     close_all,
     final_outputs,
     start_generations,
-    unless_disconnected,
 )
 from backend_engine.server.sampling import engine_error_to_api
 from backend_engine.server.state import ServerState
+from kvgate.protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
 from kvgate.protocol.errors import APIError, service_unavailable
 from kvgate.protocol.sse import DONE, EventStreamResponse, sse_error
 
@@ -44,7 +43,6 @@ def _version() -> str:
 
 
 SYSTEM_FINGERPRINT = f"fp_kvgate_{_version()}"
-CLIENT_CLOSED_REQUEST = 499  # nginx's code; the client never sees it
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ async def tokenize(request: Request) -> TokenizeResponse:
         except InvalidRequestError as exc:
             raise engine_error_to_api(exc) from None
         if req.add_special_tokens:
-            tokens = engine.tokenizer.build_inputs_with_special_tokens(tokens)
+            tokens = with_special_tokens(engine.tokenizer, tokens)
     else:
         tokens = engine.tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens is not False)
     token_strs = engine.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
@@ -50,3 +50,14 @@ async def detokenize(request: Request) -> DetokenizeResponse:
     if req.tokens and max(req.tokens) >= len(engine.tokenizer):
         raise bad_request(f"Token id {max(req.tokens)} is out of the vocabulary.", "tokens", "invalid_value")
     return DetokenizeResponse(prompt=engine.tokenizer.decode(req.tokens))
+
+
+def with_special_tokens(tokenizer, tokens: list[int]) -> list[int]:  # noqa: ANN001 - a HF tokenizer
+    """`tokens` inside the special tokens the tokenizer adds around any text (BOS, EOS, …).
+    transformers' fast-tokenizer backend has no `build_inputs_with_special_tokens`."""
+    plain = tokenizer.encode("a", add_special_tokens=False)
+    full = tokenizer.encode("a", add_special_tokens=True)
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start] + tokens + full[start + len(plain):]
+    return tokens

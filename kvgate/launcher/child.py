@@ -25,6 +25,23 @@ def _die_with_supervisor() -> None:
         pass
 
 
+SECRET_FLAGS = ("--admin-key", "--api-key")
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """The command line with key values masked, for logs (`--admin-key=K` and `--admin-key K`)."""
+    out: list[str] = []
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag in SECRET_FLAGS and "=" in arg:
+            out.append(f"{flag}=***")
+        elif out and out[-1] in SECRET_FLAGS:
+            out.append("***")
+        else:
+            out.append(arg)
+    return out
+
+
 class Child:
     def __init__(self, spec: ChildSpec, log_path: Path):
         self.spec = spec
@@ -43,7 +60,7 @@ class Child:
     def start(self) -> None:
         env = {**os.environ, **self.spec.env}
         with open(self.log_path, "ab") as log:
-            log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(self.spec.argv)}\n".encode())
+            log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(redacted(self.spec.argv))}\n".encode())
             log.flush()
             # Own session and process group: the terminal's Ctrl-C reaches only the supervisor,
             # which stops children in order, and killpg also reaches their own children.

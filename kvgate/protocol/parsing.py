@@ -78,6 +78,8 @@ def parse_json_body(raw: bytes) -> dict:
             "using your HTTP library correctly. The OpenAI API expects a JSON payload.)",
             code="invalid_json",
         ) from None
+    except RecursionError:  # json's decoder recurses once per level of nesting
+        raise bad_request("The JSON body of your request is nested too deeply.", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
     return data
