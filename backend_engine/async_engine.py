@@ -183,9 +183,11 @@ class AsyncLLMEngine:
                     self._wake.clear()
                     continue
                 seq_before = self.engine.pool.event_seq
-                for out in self.engine.step():
-                    self._deliver(out.request_id, out)
+                outputs = self.engine.step()
+                # load first: a caller woken by an output must not read an older load
                 self._load = self.engine.load()
+                for out in outputs:
+                    self._deliver(out.request_id, out)
                 if self.engine.pool.event_seq != seq_before:
                     self._notify_event_waiters()
         except BaseException as exc:  # report to every caller instead of hanging them
