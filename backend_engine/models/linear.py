@@ -2,13 +2,16 @@
 
 `y = x @ W^T` (F.linear) and `y = (W @ x^T)^T` compute the same product, but CPU BLAS libraries
 pick very different kernels for them when x has few rows. Measured on the reference CPU
-(oneDNN/MKL, AVX512, 2 threads): the second form is 1.3-1.7x faster for 2-4 fp32 rows and 1.2x
-faster for 16-64 rows in fp32 and bf16, but 1.2-1.3x slower for 2-9 bf16 rows; and a single fp32
-row of the 49152 x 576 lm_head (a GEMV) takes 6.9 ms where the same product padded to two rows
-takes 2.4 ms. Decode steps (one row per sequence) and speculative verification (1 + k rows) live
-exactly in that range, so the form is chosen per weight shape and per power-of-two row bucket by
-timing the candidates once per process (the choice belongs to the machine, not to an engine, so
-engines in one process share it). On CUDA (and for big row counts) F.linear is used as is.
+(oneDNN/MKL, AVX512, 2 threads) with weights streamed from memory as in a real decode step
+(every layer's weight in turn, not one cache-hot matrix): for fp32, one row (a GEMV) runs at
+about half the memory bandwidth of the same product padded to two rows in the transposed form
+(SmolLM2-135M: 0.81 ms against 0.45 ms per layer; the 49152 x 576 lm_head 6.9 against 2.4 ms),
+and the transposed form is 2-3.5x faster for 2-4 rows and 1.3-1.6x for 9; in bf16, F.linear is
+the fastest for 1-9 rows. Decode steps (one row per sequence) and speculative verification
+(1 + k rows) live exactly in that range, so the form is chosen per weight shape and per
+power-of-two row bucket by timing the candidates over the model's own weights, once per process
+(the choice belongs to the machine, not to an engine: engines in one process share it). On CUDA
+(and for big row counts) F.linear is used as is.
 """
 
 from __future__ import annotations
@@ -51,27 +54,25 @@ def _bucket(rows: int) -> int:
     return 1 << (rows - 1).bit_length()
 
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def _fastest(weight: torch.Tensor, rows: int, repeats: int) -> str:
-    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+def _fastest(weights: list[torch.Tensor], rows: int, repeats: int) -> str:
+    """Time each candidate form over a pass through all `weights` (so they come from memory,
+    as in a decode step, not from cache); passes alternate between forms, and each form's
+    fastest pass counts, since a noisy neighbour can only slow a pass down."""
+    x = torch.randn(rows, weights[0].shape[1], dtype=weights[0].dtype)
     names = ["linear", "pad_linear", "pad_flip"] if rows == 1 else ["linear", "flip"]
-    total = dict.fromkeys(names, 0.0)
+    times: dict[str, list[float]] = {name: [] for name in names}
     for name in names:
-        FORMS[name](x, weight)  # warm each code path
-    for _ in range(2):  # interleaved, so a noisy neighbour hurts every form alike
+        FORMS[name](x, weights[0])  # warm each code path
+    for _ in range(repeats):
         for name in names:
-            total[name] += _median_time(lambda: FORMS[name](x, weight), repeats)
-    best = min(names, key=total.__getitem__)
-    return best if total[best] < MARGIN * total["linear"] else "linear"
+            form = FORMS[name]
+            start = time.perf_counter()
+            for weight in weights:
+                form(x, weight)
+            times[name].append(time.perf_counter() - start)
+    fastest = {name: min(t) for name, t in times.items()}  # interference only adds time
+    best = min(names, key=fastest.__getitem__)
+    return best if fastest[best] < MARGIN * fastest["linear"] else "linear"
 
 
 class RowAwareLinear:
@@ -81,17 +82,18 @@ class RowAwareLinear:
     def __init__(self) -> None:
         self._choice: dict[tuple[tuple[int, int], int], Form] = {}
 
-    def calibrate(self, weights: list[torch.Tensor], repeats: int = 7) -> None:
-        for weight in weights:
-            if weight.device.type != "cpu" or weight.dim() != 2:
+    def calibrate(self, groups: list[list[torch.Tensor]], repeats: int = 5) -> None:
+        """groups: lists of same-shape weights (e.g. every layer's qkv weight)."""
+        for weights in groups:
+            weights = [w for w in weights if w.device.type == "cpu" and w.dim() == 2]
+            if not weights:
                 continue
-            shape = tuple(weight.shape)
-            reps = repeats if weight.numel() < 8_000_000 else 3  # the lm_head is slow to time
+            shape, dtype = tuple(weights[0].shape), weights[0].dtype
             for rows in BUCKETS:
-                key = (shape, weight.dtype, rows)
+                key = (shape, dtype, rows)
                 with _lock:
                     if key not in _measured:
-                        _measured[key] = _fastest(weight, rows, reps)
+                        _measured[key] = _fastest(weights, rows, repeats)
                     name = _measured[key]
                 if name != "linear":
                     self._choice[(shape, rows)] = FORMS[name]

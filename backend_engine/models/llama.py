@@ -91,9 +91,11 @@ class LlamaModel:
                        for i in range(self.num_layers)]
         self.linear = RowAwareLinear()
         if calibrate_matmuls and self.lm_head.device.type == "cpu":
-            first = self.layers[0]
-            self.linear.calibrate([first.qkv_weight, first.o_weight, first.gate_up_weight,
-                                   first.down_weight, self.lm_head])
+            layers = self.layers
+            self.linear.calibrate([[layer.qkv_weight for layer in layers],
+                                   [layer.o_weight for layer in layers],
+                                   [layer.gate_up_weight for layer in layers],
+                                   [layer.down_weight for layer in layers], [self.lm_head]])
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -40,11 +40,11 @@ def test_choice_is_per_shape_and_bucket():
 def test_calibrate_measures_each_shape_once_per_process():
     from backend_engine.models import linear as module
 
-    weights = [torch.randn(64, 32), torch.randn(16, 64)]
+    groups = [[torch.randn(64, 32), torch.randn(64, 32)], [torch.randn(16, 64)]]
     first, second = RowAwareLinear(), RowAwareLinear()
-    first.calibrate(weights, repeats=3)
+    first.calibrate(groups, repeats=3)
     measured = dict(module._measured)
-    second.calibrate(weights + [torch.randn(64, 32)], repeats=3)
+    second.calibrate(groups + [[torch.randn(64, 32)]], repeats=3)
     assert module._measured == measured  # nothing timed again
     assert first._choice == second._choice  # engines in one process agree
     for shape, bucket in first._choice:
