@@ -16,6 +16,7 @@ power-of-two row bucket by timing the candidates over the model's own weights, o
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ def _pad(form: Form) -> Form:
 FORMS: dict[str, Form] = {"linear": _linear, "flip": _flip,
                           "pad_linear": _pad(_linear), "pad_flip": _pad(_flip)}
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _measured: dict[tuple[tuple[int, int], torch.dtype, int], str] = {}  # per process
 
@@ -80,7 +82,7 @@ class RowAwareLinear:
     fastest measured form. Uncalibrated, it is F.linear."""
 
     def __init__(self) -> None:
-        self._choice: dict[tuple[tuple[int, int], int], Form] = {}
+        self._choice: dict[tuple[tuple[int, int], int], str] = {}  # only non-"linear" choices
 
     def calibrate(self, groups: list[list[torch.Tensor]], repeats: int = 5) -> None:
         """groups: lists of same-shape weights (e.g. every layer's qkv weight)."""
@@ -96,19 +98,20 @@ class RowAwareLinear:
                         _measured[key] = _fastest(weights, rows, repeats)
                     name = _measured[key]
                 if name != "linear":
-                    self._choice[(shape, rows)] = FORMS[name]
+                    self._choice[(shape, rows)] = name
+        log.debug("row-aware matmul forms: %s", self._choice)
 
     def form(self, shape: tuple[int, int], rows: int) -> str:
         """The name of the form used for this weight shape and row count."""
-        chosen = self._choice.get((shape, _bucket(rows))) if rows <= BUCKETS[-1] else None
-        return next((n for n, f in FORMS.items() if f is chosen), "linear")
+        if rows > BUCKETS[-1]:
+            return "linear"
+        return self._choice.get((shape, _bucket(rows)), "linear")
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
-        rows = x.shape[0]
-        if x.dim() == 2 and rows <= BUCKETS[-1]:
-            form = self._choice.get((tuple(weight.shape), _bucket(rows)))
-            if form is not None:
-                y = form(x, weight)
+        if x.dim() == 2:
+            name = self.form(tuple(weight.shape), x.shape[0])
+            if name != "linear":
+                y = FORMS[name](x, weight)
                 return y if bias is None else y + bias
         return F.linear(x, weight, bias)
