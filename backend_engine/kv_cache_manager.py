@@ -3,7 +3,7 @@ caching of full verified blocks, forking for n > 1, and freeing."""
 
 from __future__ import annotations
 
-from backend_engine.block_pool import BlockPool, KVBlock
+from backend_engine.block_pool import BlockOrigin, BlockPool, KVBlock
 from backend_engine.sequence import Sequence
 from routing.hashing import block_hashes
 
@@ -95,9 +95,14 @@ class KVCacheManager:
             return
         verified = min(seq.num_computed_tokens, seq.num_tokens)
         hashes = self._hashes_upto(seq, verified)
-        for block, h in zip(seq.block_table, hashes):
+        keep = self.pool.keep_origins
+        bs = self.block_size
+        for i, (block, h) in enumerate(zip(seq.block_table, hashes)):
             if block.block_hash is None:
-                self.pool.cache_block(block, h)
+                origin = BlockOrigin(hashes[i - 1] if i else None,
+                                     tuple(seq.token_ids[i * bs:(i + 1) * bs]),
+                                     seq.namespace) if keep else None
+                self.pool.cache_block(block, h, origin)
 
     def trim_to(self, seq: Sequence, num_tokens: int) -> None:
         """Drop blocks past num_tokens (rolling back unaccepted speculative slots)."""
