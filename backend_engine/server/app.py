@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from backend_engine.server import (chat, completions, kv_routes, kv_zmq_events, model_routes,
-                                   ops_routes, pin_routes, tokenize_routes)
+from backend_engine.server import (chat, completions, info_routes, kv_routes, kv_zmq_events,
+                                   model_routes, ops_routes, pin_routes, tokenize_routes)
 from backend_engine.server.metrics import HTTPMetricsMiddleware, ServerMetrics
 from backend_engine.server.settings import ServerSettings
 from backend_engine.server.state import ServerState
@@ -52,7 +52,8 @@ def create_app(settings: ServerSettings, engine_factory: Callable[[], "AsyncLLME
     app.state.server = state
     app.state.metrics = metrics
     install_error_handlers(app)
-    for module in (chat, completions, model_routes, tokenize_routes, ops_routes, kv_routes, pin_routes):
+    for module in (chat, completions, model_routes, tokenize_routes, ops_routes, kv_routes, pin_routes,
+                   info_routes):
         app.include_router(module.router)
     document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
                           "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
