@@ -128,6 +128,11 @@ class EngineBlockMap:
                 self.stats.unknown_parent += n
                 return
         extra = event.extra_keys
+        if extra is None and per_block == self.block_size:
+            tail = state if isinstance(state, int) else (None if state[1] else state[0])
+            if tail is not None:  # the common case: one hashing pass over the whole run
+                self._stored_aligned(blocks, event, tail, net)
+                return
         start = 0
         for i, engine_hash in enumerate(event.block_hashes):
             keys = extra[i] if extra is not None and i < len(extra) else None
@@ -149,6 +154,26 @@ class EngineBlockMap:
                 refs[h] = c + 1
                 if c == 0:
                     net[h] = True
+
+    def _stored_aligned(self, blocks: dict, event: BlockStored, tail: int,
+                        net: dict[int, bool]) -> None:
+        medium, group = event.medium, event.group_idx
+        plain = (medium is None or medium == MEDIUM_GPU) and not group
+        refs = self._refs
+        added = 0
+        for engine_hash, h in zip(event.block_hashes,
+                                  block_hashes(event.token_ids, "", self.block_size, parent=tail)):
+            key = engine_hash if plain else (medium, group or 0, engine_hash)
+            if key in blocks:
+                continue
+            blocks[key] = h
+            added += 1
+            c = refs.get(h, 0)
+            refs[h] = c + 1
+            if c == 0:
+                net[h] = True
+        self._num_blocks += added
+        self.stats.stored_blocks += added
 
     def _root(self, event: BlockStored) -> object | None:
         """The chain state before a root block: the namespace's root hash."""
