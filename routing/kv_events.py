@@ -3,14 +3,16 @@ it (vLLM 0.33), and the older array form SGLang and earlier vLLM releases send.
 
 A publisher sends one ZMQ multipart message per engine step: `(topic, seq as 8-byte big-endian,
 payload)`, where payload is a msgpack `KVEventBatch`: `[ts, [event…], data_parallel_rank]`.
-Events are tagged structs. vLLM >= 0.11 encodes them as maps (`{"type": "BlockStored", …}`);
+Events are tagged structs. Current vLLM (0.33 checked) encodes them as maps (`{"type": "BlockStored", …}`);
 SGLang and older vLLM as arrays (`["BlockStored", block_hashes, parent, token_ids, …]`). Both
 decode here into the same classes.
 
 The structs are written field for field after vLLM's rather than imported from the `vllm` wheel:
-importing `vllm.distributed.kv_events` pulls in vLLM's config and platform layers (torch builds,
-CUDA probing), which a gateway must never load; the wire format is the contract, and the tests
-pin it byte for byte.
+`vllm.distributed.kv_events` imports `vllm.v1.core.kv_cache_utils`, which imports vLLM's whole
+config system, request and multimodal layers and (through `vllm/__init__`) torch with vLLM's
+environment overrides; installing the wheel would also replace the pinned torch with its CUDA
+build. A gateway must load none of that. The wire format is the contract; the tests pin it
+against the plain msgpack layout vLLM sends.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """Base of the KV cache events (map form, vLLM >= 0.11)."""
+    """Base of the KV cache events (map form, current vLLM)."""
 
 
 class BlockStored(KVCacheEvent):
