@@ -3,7 +3,7 @@ caching of full verified blocks, forking for n > 1, and freeing."""
 
 from __future__ import annotations
 
-from backend_engine.block_pool import BlockPool, KVBlock
+from backend_engine.block_pool import BlockOrigin, BlockPool, KVBlock
 from backend_engine.sequence import Sequence
 from routing.hashing import block_hashes
 
@@ -102,10 +102,14 @@ class KVCacheManager:
             return
         verified = min(seq.num_computed_tokens, seq.num_tokens)
         num_full = min(self._hash_upto(seq, verified), len(seq.block_table))
+        hashes, keep, bs = seq.block_hashes, self.pool.keep_origins, self.block_size
         for i in range(seq.num_hashed_blocks, num_full):  # only blocks not seen before: O(new)
             block = seq.block_table[i]
             if block.block_hash is None:
-                self.pool.cache_block(block, seq.block_hashes[i])
+                origin = BlockOrigin(hashes[i - 1] if i else None,
+                                     tuple(seq.token_ids[i * bs:(i + 1) * bs]),
+                                     seq.namespace) if keep else None
+                self.pool.cache_block(block, hashes[i], origin)
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 
     def trim_to(self, seq: Sequence, num_tokens: int) -> None:

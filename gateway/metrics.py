@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.circuit import STATE_CODES
+from gateway.kv_feed_metrics import KvFeedCollector
 from gateway.prefix_advice_metrics import PrefixAdviceMetrics
 from gateway.replicas import HEALTHY
 from routing.redis_store import StoreState
@@ -61,6 +62,7 @@ class GatewayMetrics:
                                   ["outcome"], registry=r)
         self.redis_state = Gauge(p + "redis_state", "1 for the current shared-state mode", ["state"], registry=r)
         self.prefix_advice = PrefixAdviceMetrics(r, p)
+        self.kv_feeds = KvFeedCollector(r, p)
 
     def render(self, state: GatewayState) -> bytes:
         for replica in state.replicas.values():
@@ -78,6 +80,7 @@ class GatewayMetrics:
         for mode in StoreState:
             self.redis_state.labels(mode.value).set(1 if mode is current else 0)
         self.prefix_advice.refresh(state.advice)
+        self.kv_feeds.replicas = state.replicas.values()
         return generate_latest(self.registry)
 
     def forget_replica(self, name: str) -> None:

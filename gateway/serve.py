@@ -16,6 +16,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         load_file(args.config, config)
     apply_env(config)
     config.replicas += args.replica
+    config.kv_events.update(getattr(args, "kv_events", None) or {})
     for name in ("redis_url", "policy", "host", "port", "admin_key", "max_in_flight"):
         value = getattr(args, name)
         if value is not None:

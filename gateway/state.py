@@ -14,6 +14,7 @@ from gateway.auth import KeyStore
 from gateway.circuit import CircuitBreaker
 from gateway.config import GatewayConfig
 from gateway.health import check_forever, check_once
+from gateway.kv_events_spec import parse_kv_events
 from gateway.kv_sync import follow_kv
 from gateway.metrics import GatewayMetrics
 from gateway.pin_sync import PinSync
@@ -24,6 +25,7 @@ from gateway.priority import PriorityStats
 from gateway.prompt_tokens import PromptTokens
 from gateway.replicas import Replica, replica_name
 from gateway.stats import GatewayStats
+from gateway.zmq_feed import follow_zmq
 from routing.policies import make_policy
 from routing.rate_limit import RateLimiter
 from routing.redis_store import RedisStore
@@ -87,8 +89,13 @@ class GatewayState:
             await self.pins_redis.aclose()
 
     # -- membership -----------------------------------------------------------------------
-    async def add_replica(self, url: str, name: str | None = None) -> Replica:
+    async def add_replica(self, url: str, name: str | None = None,
+                          kv_events: str | None = None) -> Replica:
+        """Add a replica; `kv_events` (or the config's entry for its URL) follows its engine's
+        ZMQ KV events instead of /kv/events."""
         url = url.rstrip("/")
+        spec = kv_events or self.config.kv_events.get(url)
+        spec = parse_kv_events(spec) if spec else None
         for existing in self.replicas.values():
             if existing.url == url:
                 return existing
@@ -99,8 +106,9 @@ class GatewayState:
         self.router.add_replica(name)
         await check_once(self, replica)
         await self.check_parity(replica)
+        feed = follow_zmq(self, replica, spec) if spec else follow_kv(self, replica)
         self._tasks[name] = [asyncio.create_task(check_forever(self, replica)),
-                             asyncio.create_task(follow_kv(self, replica))]
+                             asyncio.create_task(feed)]
         return replica
 
     async def remove_replica(self, name: str) -> None:

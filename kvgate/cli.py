@@ -51,6 +51,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--draft-model", default=None, help="for --speculative-method draft: a model sharing the tokenizer")
     spec.add_argument("--speculative-max-batch", type=int, default=4,
                       help="speculate only while at most this many sequences run")
+    p.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help='vLLM\'s KV event publisher config, e.g. \'{"enable_kv_cache_events": true, '
+                        '"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\'')
     p.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
     p.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (413 beyond)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -96,7 +99,12 @@ def server_settings_from_args(args: argparse.Namespace):  # -> ServerSettings
     settings = ServerSettings(
         host=args.host, port=args.port, served_model_names=list(args.served_model_name or []),
         api_key=args.api_key, drain_grace_s=args.drain_grace, log_level=args.log_level,
+        kv_events_config=args.kv_events_config,
     )
+    if args.kv_events_config:
+        from backend_engine.server.kv_publisher import KVEventsConfig
+
+        KVEventsConfig.from_json(args.kv_events_config)  # a bad value stops start-up here
     if args.max_body_bytes is not None:
         settings.max_body_bytes = args.max_body_bytes
     return settings
@@ -110,7 +118,11 @@ def _run_engine(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvgate: {exc}", file=sys.stderr)
         return 2
-    settings = server_settings_from_args(args)
+    try:
+        settings = server_settings_from_args(args)
+    except ValueError as exc:
+        print(f"kvgate: {exc}", file=sys.stderr)
+        return 2
     return serve(settings, config, on_ready=_print_usage)
 
 
@@ -130,8 +142,20 @@ def _print_usage(state) -> None:  # noqa: ANN001 - ServerState, imported lazily
     )
 
 
+class _KvEventsForReplica(argparse.Action):
+    """`--kv-events SPEC` belongs to the `--replica URL` given just before it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        if not namespace.replica:
+            parser.error("--kv-events must follow the --replica URL it belongs to")
+        setattr(namespace, self.dest, {**getattr(namespace, self.dest), namespace.replica[-1].rstrip("/"): values})
+
+
 def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replica", action="append", default=[], metavar="URL", help="a replica's base URL (repeat for each)")
+    p.add_argument("--kv-events", action=_KvEventsForReplica, default={}, metavar="SPEC",
+                   help="after --replica URL: that replica's ZMQ KV events (vLLM, SGLang, kvgate "
+                        "--kv-events-config), tcp://HOST:5557[,replay=tcp://HOST:5558][,topic=T][,dp_size=N]")
     p.add_argument("--config", default=None, metavar="FILE", help="YAML/JSON config file (keys, limits, tokenizers, …)")
     p.add_argument("--redis-url", default=None, help="share routing state, keys and rate limits through Redis")
     p.add_argument("--policy", default=None, help="routing policy (kvgate, round_robin, least_load, …)")

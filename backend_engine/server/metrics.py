@@ -15,6 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvgate.protocol.engine_extras import IGNORED
+
 if TYPE_CHECKING:
     from backend_engine.server.state import ServerState
 
@@ -51,6 +53,7 @@ class _EngineCollector(Collector):
         up = GaugeMetricFamily("kvgate_engine_ready", "1 when the replica accepts requests.")
         up.add_metric([], 1.0 if self.state.phase == "ready" else 0.0)
         yield up
+        yield _ignored_fields()
         if engine is None:
             return
         stats = engine.stats
@@ -82,6 +85,15 @@ class _EngineCollector(Collector):
             if key in load:
                 yield GaugeMetricFamily(name, doc, value=float(load[key]))
         yield _by_priority(load.get("by_priority") or {})
+
+
+def _ignored_fields() -> Metric:
+    family = CounterMetricFamily("kvgate_request_ignored_fields",
+                                 "Requests carrying a field of vLLM's or SGLang's schema that asks "
+                                 "for nothing here (dropped), by field.", labels=["field"])
+    for name, count in sorted(IGNORED.items()):
+        family.add_metric([name], float(count))
+    return family
 
 
 def _by_priority(by_priority: dict) -> Metric:
