@@ -12,6 +12,7 @@ from pathlib import Path
 from kvgate.launcher.config import UpConfig
 from kvgate.launcher.plan import DEFAULT_CPU_REPLICAS, build_plan, count_cores, port_is_free
 from kvgate.launcher.supervisor import Supervisor
+from kvgate.launcher.tokenizer import tokenizer_folder
 
 
 @dataclass(slots=True)
@@ -65,7 +66,8 @@ class Cluster:
             self.config.api_key = "sk-bench-" + secrets.token_hex(16)
         self.config.validate()
         self.config.fill_keys()  # admin key always; a user key when gateways share Redis
-        self.plan = build_plan(self.config, gpus=0, cores=count_cores())
+        self.plan = build_plan(self.config, gpus=0, cores=count_cores(),
+                               tokenizer_folder=tokenizer_folder(self.config.model))
         self.supervisor: Supervisor | None = None
 
     @property

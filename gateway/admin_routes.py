@@ -145,6 +145,7 @@ async def summary(request: Request) -> dict:
     return {**state.stats.summary(),
             "policy": state.router.policy.name, "policies": sorted(REGISTRY),
             "redis": {"configured": state.store is not None, "state": state.shared.state.value},
+            "overload_queue": state.overload.summary(),
             "index": {"resident_entries": size.resident_entries,
                       "predicted_entries": size.predicted_entries,
                       "estimated_bytes": size.estimated_bytes, "evictions": size.evictions,

@@ -48,6 +48,8 @@ class GatewayConfig:
     failure_threshold: int = 3  # consecutive failures that open a replica's circuit
     circuit_cooldown_s: float = 5.0
     max_in_flight: int = 0  # per replica, across gateways when Redis is shared; 0 = unlimited
+    max_queued_requests: int = 1024  # wait here when every replica refuses for load; 0: refuse
+    max_queue_wait_s: float = 600.0  # the longest a request waits here before its 503
     lease_s: float = 30.0  # a booking in Redis expires unless its gateway renews it (lease_s / 3)
     approx_capacity_blocks: int = 8192  # LRU size for replicas without KV events
     connect_timeout_s: float = 2.0
@@ -152,6 +154,8 @@ def validate(config: GatewayConfig) -> GatewayConfig:
         raise ConfigError("lease_s must be positive")
     if config.failure_threshold < 1:
         raise ConfigError("failure_threshold must be at least 1")
+    if config.max_queued_requests < 0 or config.max_queue_wait_s <= 0:
+        raise ConfigError("max_queued_requests must be >= 0 and max_queue_wait_s positive")
     names = [k.name for k in config.api_keys]
     if any("|" in name for name in names):
         raise ConfigError("api key names may not contain '|' (it separates tenant and salt)")

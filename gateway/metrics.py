@@ -46,6 +46,11 @@ class GatewayMetrics:
                               buckets=LATENCY_BUCKETS, registry=r)
         self.retries = Counter(p + "retries_total", "Attempts moved to another replica", ["reason"],
                                registry=r)
+        self.queued = Gauge(p + "overload_queue_requests",
+                            "Requests waiting because every replica refused them for load", registry=r)
+        self.overload_refused = Counter(p + "overload_refused_total",
+                                        "Requests answered 503 by the overload queue (full, timeout)",
+                                        ["reason"], registry=r)
         self.rate_limited = Counter(p + "rate_limited_total", "Requests refused by rate limits",
                                     ["key"], registry=r)
         self.stream_errors = Counter(p + "stream_errors_total",
@@ -71,6 +76,7 @@ class GatewayMetrics:
             self.routable.labels(replica.name).set(1 if replica.routable() else 0)
         for name, count in state.in_flight_by_replica().items():
             self.in_flight.labels(name).set(count)
+        self.queued.set(len(state.overload))
         size = state.router.index.size()
         self.index_entries.labels("resident").set(size.resident_entries)
         self.index_entries.labels("predicted").set(size.predicted_entries)

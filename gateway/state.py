@@ -17,6 +17,7 @@ from gateway.health import check_forever, check_once
 from gateway.kv_events_spec import parse_kv_events
 from gateway.kv_sync import follow_kv
 from gateway.metrics import GatewayMetrics
+from gateway.overload_queue import OverloadQueue
 from gateway.pin_sync import PinSync
 from gateway.pins import PinStore
 from gateway.pool import LeanTransport
@@ -66,10 +67,12 @@ class GatewayState:
         self.tokens = PromptTokens(config.tokenizers, self.client)
         self.metrics = GatewayMetrics()
         self.stats = GatewayStats(config.decisions_kept)
+        self.overload = OverloadQueue(config.max_queued_requests, config.max_queue_wait_s)
         self.advice = (PrefixAdvisor(AdviceConfig(block_size=config.block_size))
                        if config.prefix_advice else None)
         self.priorities = PriorityStats(self.metrics.registry)
         self._tasks: dict[str, list[asyncio.Task]] = {}
+        self._said_remote: set[str] = set()  # models already logged as tokenised remotely
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -150,6 +153,12 @@ class GatewayState:
             replica.parity = "unchecked"
             return
         replica.parity = await self.tokens.check_parity(replica.models[0], replica.url)
+        if replica.parity == "remote" and replica.models[0] not in self._said_remote:
+            self._said_remote.add(replica.models[0])
+            log.warning("no local tokenizer for model %s: every request costs a /tokenize round "
+                        "trip to a replica, and prefix-stability advice is off (give "
+                        "--tokenizer %s=FOLDER, or `tokenizers:` in the config file)",
+                        replica.models[0], replica.models[0])
         if replica.parity.startswith("mismatch"):
             log.error("tokenizer parity with %s failed: %s; routing predictions for it will be "
                       "wrong", replica.name, replica.parity)

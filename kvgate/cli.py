@@ -35,6 +35,15 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-pinned-fraction", type=float, default=0.25,
                    help="share of the KV pool pinned prefixes may hold (POST /admin/pins)")
     p.add_argument("--max-waiting", type=int, default=None, help="waiting-queue limit; beyond it requests get 503")
+    load = p.add_argument_group("scheduling under load")
+    load.add_argument("--target-itl-ms", type=float, default=None,
+                      help="inter-token latency each step's prefill budget is sized for (default: 150 on CPU, "
+                           "40 on CUDA; 0: a fixed --max-num-batched-tokens budget, no ITL target)")
+    load.add_argument("--min-prefill-tokens", type=int, default=32,
+                      help="prefill tokens a step carries at the least, so new requests progress")
+    load.add_argument("--max-queue-delay-s", type=float, default=10.0,
+                      help="answer 503 + Retry-After when a new request would wait longer than this for its "
+                           "first token (0: never refuse)")
     p.add_argument("--scheduling-policy", default="priority", choices=["priority", "fcfs"],
                    help="priority: lower 'priority' values first (equal ones in arrival order); fcfs: arrival only")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -57,6 +66,14 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
     p.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (413 beyond)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def _target_itl_ms(args: argparse.Namespace) -> float | None:
+    if args.target_itl_ms is None:
+        from backend_engine.step_budget import default_target_itl_ms
+
+        return default_target_itl_ms(args.device)
+    return args.target_itl_ms or None  # 0: no target
 
 
 def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (imported lazily)
@@ -86,6 +103,9 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         ngram_max=args.ngram_max,
         draft_model=args.draft_model,
         speculative_max_batch=args.speculative_max_batch,
+        target_itl_ms=_target_itl_ms(args),
+        min_prefill_tokens=args.min_prefill_tokens,
+        max_queue_delay_s=args.max_queue_delay_s or None,
     )
     if args.kv_cache_memory is not None:
         config.kv_cache_memory_gb = args.kv_cache_memory
@@ -167,6 +187,11 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=FOLDER",
                    help="the folder with the model's tokenizer.json (MODEL may be *)")
     p.add_argument("--max-in-flight", type=int, default=None, help="per-replica request cap (0: none)")
+    p.add_argument("--max-queued-requests", type=int, default=None,
+                   help="requests that may wait at the gateway while every replica refuses for load "
+                        "(default 1024; 0: pass the 503 on)")
+    p.add_argument("--max-queue-wait-s", type=float, default=None,
+                   help="the longest a request waits there before a 503 (default 600)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
