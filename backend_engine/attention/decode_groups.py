@@ -13,14 +13,14 @@ from dataclasses import dataclass
 import torch
 
 MAX_PADDING = 0.25  # share of a group's gathered tokens that may be padding
-MAX_GROUP_BYTES = 8 << 20  # K + V gathered for one group
+MAX_GROUP_BYTES = 3 << 20  # K + V gathered for one group (stays in cache)
 
 
 @dataclass(slots=True)
 class DecodeGroup:
     rows: torch.Tensor | None  # the group's rows among the step's decodes; None: all, in order
     block_tables: torch.Tensor  # [rows, blocks] block ids (padding repeats a real block)
-    bias: torch.Tensor | None  # [rows, 1, 1, blocks * block_size]: 0, or -inf past the context
+    bias: torch.Tensor | None  # [rows, 1, blocks * block_size]: 0, or -inf past the context
 
 
 def decode_groups(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
@@ -56,5 +56,5 @@ def _group(rows: list[int], lens: list[int], block_tables: torch.Tensor, block_s
         positions = torch.arange(num_blocks * block_size)
         past = positions.unsqueeze(0) >= group_lens.unsqueeze(1)
         bias = torch.zeros(past.shape, dtype=dtype).masked_fill_(past, float("-inf"))
-        bias = bias[:, None, None, :].to(device)
+        bias = bias[:, None, :].to(device)
     return DecodeGroup(None if whole else index.to(device), tables.contiguous(), bias)

@@ -3,11 +3,14 @@
 Decode reads each sequence's blocks through its block table. Sequences are grouped by context
 length once per step (decode_groups.py), so a group is gathered block by block into one batched
 matmul with little padding, instead of every sequence being padded to the longest context of
-the step; a group's gathered K/V is bounded in size, so it stays in cache between the gather
-and the matmuls. A prefill chunk gathers its context's blocks (one index_select) and runs SDPA.
+the step; a group's gathered K/V is small (a few MB), so it is still in cache when the two
+matmuls read it (measured: 3 MB groups run ~10x faster per byte than 25 MB ones on a 2-core
+EPYC). A prefill chunk gathers its context's blocks (one index_select) and runs SDPA.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -45,19 +48,27 @@ class TorchAttention:
 
     @staticmethod
     def _decode(query, k_cache, v_cache, group: DecodeGroup, scale: float, out) -> None:
-        # q [B, H, D] of the group's rows; K/V [B, L, KVH, D] gathered by block; GQA through a
-        # grouped view of the queries, so K/V are never repeated per query head
+        # K/V of the group gathered by block: [B, L, KVH * D], each token's heads side by side.
+        # GQA without repeating K/V or copying them into a per-head layout: each query head is
+        # spread over all KVH * D columns with zeros outside its own KV head, so one batched
+        # matmul against the contiguous [L, KVH * D] rows gives every head's scores (KVH times
+        # the flops of a per-head product, but the same bytes, and bytes are the cost here).
         q = query if group.rows is None else query.index_select(0, group.rows)
         batch, heads, head_dim = q.shape
         kv_heads = k_cache.shape[2]
-        k = k_cache[group.block_tables].view(batch, -1, kv_heads, head_dim)
-        v = v_cache[group.block_tables].view(batch, -1, kv_heads, head_dim)
-        qg = q.view(batch, kv_heads, heads // kv_heads, head_dim)
-        scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).mul_(scale)  # [B, KVH, G, L]
+        width = kv_heads * head_dim
+        blocks = group.block_tables.view(-1)  # index_select: a memcpy per block, 5x aten::index
+        k = k_cache.index_select(0, blocks).view(batch, -1, width)
+        v = v_cache.index_select(0, blocks).view(batch, -1, width)
+        spread = _head_spread(kv_heads, heads // kv_heads, q.dtype, q.device)
+        qs = (q.view(batch, kv_heads, -1, 1, head_dim) * spread).view(batch, heads, width)
+        scores = torch.bmm(qs, k.transpose(1, 2)).mul_(scale)  # [B, H, L]
         if group.bias is not None:
             scores += group.bias
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-        o = torch.matmul(probs, v.permute(0, 2, 1, 3)).reshape(batch, heads, head_dim)
+        o = torch.bmm(probs, v).view(batch, kv_heads, -1, kv_heads, head_dim)
+        o = torch.diagonal(o, dim1=1, dim2=3)  # each head's own KV head: [B, G, D, KVH]
+        o = o.permute(0, 3, 1, 2).reshape(batch, heads, head_dim)
         if group.rows is None:
             out.copy_(o)
         else:
@@ -78,6 +89,13 @@ class TorchAttention:
             o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale,
                                                enable_gqa=True)
         return o.transpose(0, 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _head_spread(kv_heads: int, group: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """[1, KVH, 1, KVH, 1]: 1 where a query head's KV head meets its own block of columns."""
+    return torch.eye(kv_heads, dtype=dtype, device=device).view(1, kv_heads, 1, kv_heads, 1)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
