@@ -41,10 +41,10 @@ def test_mixed_step_matches_torch_backend(heads, kv_heads, head_dim, block_size,
     assert meta.kernel is first
 
 
-def test_prefill_block_tables_are_derived_from_slots():
+def test_prefill_block_tables_are_padded_per_chunk():
     batch = random_paged_batch([40, 16], 3, 64, 16, torch.float32, "cpu")
     meta = step_metadata(batch, 0, [40, 3], 16)
-    kernel = build_kernel_metadata(meta, 16, "cpu")
+    kernel = build_kernel_metadata(meta, "cpu")
     assert kernel.prefill_block_tables.tolist() == [batch.block_tables[0],
                                                     batch.block_tables[1] + [0, 0]]
     assert kernel.prefill_query_starts.tolist() == [0, 40]
