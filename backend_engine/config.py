@@ -35,6 +35,7 @@ class EngineConfig:
     ngram_max: int = 4  # longest suffix tried first
     draft_model: str | None = None  # for "draft": any model sharing the target's tokenizer
     speculative_max_batch: int = 4  # speculate only while this many sequences or fewer run
+    tensor_parallel_size: int = 1  # processes (one per device) one replica spans
 
     def validate(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -57,5 +58,7 @@ class EngineConfig:
             raise ValueError("max_pinned_fraction must be between 0 and 0.9")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be at least 1")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
