@@ -186,7 +186,7 @@ class TensorParallelExecutor:
             ended = wait_for_exit(list(sentinels), timeout=0.5)
             if ended and not self._closed.is_set():
                 rank, worker = sentinels[ended[0]]
-                worker.join(0)
+                worker.join(1.0)  # reap it, for its exit code
                 self._fail(f"tensor-parallel rank {rank} (pid {worker.pid}) "
                            f"{_describe_exit(worker.exitcode)}")
                 return
