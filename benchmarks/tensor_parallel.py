@@ -141,14 +141,16 @@ def _collectives_rank(rank: int, port: int, vocab: int, hidden: int, reps: int, 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     out: dict = {}
 
-    def timed(name: str, fn) -> None:
+    def timed(name: str, fn) -> None:  # the median call: a shared machine adds long stalls
         for _ in range(5):
             fn()
         dist.barrier()
-        started = time.perf_counter()
+        times = []
         for _ in range(reps):
+            started = time.perf_counter()
             fn()
-        out[name] = round((time.perf_counter() - started) / reps * 1e6, 1)
+            times.append(time.perf_counter() - started)
+        out[name] = round(statistics.median(times) * 1e6, 1)
 
     for rows in (1, 8, PREFILL_TOKENS):
         x = torch.randn(rows, hidden)

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import json
 import logging
+import signal
 import threading
 import time
 import weakref
@@ -46,8 +47,6 @@ class WorkerDiedError(EngineError):
 
 def _describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
-        import signal
-
         try:
             return f"was killed by {signal.Signals(-code).name}"
         except ValueError:

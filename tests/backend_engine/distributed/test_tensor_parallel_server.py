@@ -1,7 +1,8 @@
 """`kvgate engine --tensor-parallel-size 2` (two gloo processes): the OpenAI server answers
 with the tokens of one rank; a worker killed with SIGKILL takes the replica down (the stream in
 flight ends with an error, /health answers 503, the server exits 1) and, like SIGTERM, leaves no
-process behind; a size the model's heads do not allow is refused at start-up, saying why."""
+process behind, as does a rank 0 killed with SIGKILL; a size the model's heads do not allow is
+refused at start-up, saying why."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 
 from backend_engine.llm import LLM
 from backend_engine.sampling_params import SamplingParams
-from tests.gateway.procs import ROOT, Proc, free_port, wait_http
+from tests.gateway.procs import ROOT, Proc, free_port
 
 PROMPT = [1, 504, 3287, 282, 4052, 314, 30, 2]
 MAX_TOKENS = 12
@@ -126,3 +127,22 @@ def test_a_size_the_heads_do_not_allow_is_refused_at_start_up_saying_why():
     assert refused.returncode == 1
     assert ("tensor_parallel_size 2 does not fit SmolLM2-135M-Instruct: 9 attention heads do not "
             "split evenly across 2 ranks; sizes that work: 1, 3") in refused.stderr + refused.stdout
+
+
+@pytest.mark.timeout(180)
+def test_workers_of_a_rank_0_killed_by_sigkill_exit_by_themselves():
+    script = ("from backend_engine.llm import LLM\n"
+              "llm = LLM('tiny-random', num_kv_blocks=16, num_threads=1, tensor_parallel_size=2)\n"
+              "print('ready', flush=True)\n"
+              "import time; time.sleep(300)\n")
+    rank0 = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank0.stdout.readline().strip() == "ready"
+        children = psutil.Process(rank0.pid).children(recursive=True)
+        assert children
+        rank0.kill()  # no handler, no atexit: the workers must notice on their own
+        rank0.wait()
+        assert gone(children, timeout_s=10)
+    finally:
+        if rank0.poll() is None:
+            rank0.kill()
