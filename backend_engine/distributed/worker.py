@@ -90,6 +90,10 @@ def run_worker(rank: int, size: int, store_port: int, config: EngineConfig, fold
     store.set(f"ready/{rank}", json.dumps({"num_blocks": runner.num_blocks}))
     store.wait(["go"])
     serve_steps(group, runner)
+    # Stopped: leave without tearing the interpreter down. Nothing here needs cleaning (rank 0
+    # ends the group), and destroying gloo's objects at exit can abort the process.
+    logging.shutdown()
+    os._exit(0)
 
 
 def serve_steps(group, runner) -> None:  # noqa: ANN001 - TensorParallelGroup, ModelRunner
@@ -100,7 +104,6 @@ def serve_steps(group, runner) -> None:  # noqa: ANN001 - TensorParallelGroup, M
             log.error("lost rank 0, exiting: %s", str(exc).splitlines()[0])
             os._exit(1)
         if message == STOP:
-            break
+            return
         if message != PING:
             runner.forward_batch(message)
-    group.close()

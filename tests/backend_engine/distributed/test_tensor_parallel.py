@@ -66,15 +66,14 @@ def tensor_parallel():
 
     def get(model: str, size: int = 2) -> LLM:
         if model not in running:
-            for other in running.values():
-                stop(other)
-            running.clear()
+            for name in list(running):
+                stop(running.pop(name))
             running[model] = LLM(model, tensor_parallel_size=size, num_threads=1,
                                  **SETTINGS[model])
         return running[model]
     yield get
-    for llm in running.values():
-        stop(llm)
+    for name in list(running):
+        stop(running.pop(name))
 
 
 def prompt_logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
