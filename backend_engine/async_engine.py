@@ -88,6 +88,7 @@ class AsyncLLMEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
             self._thread = None
+        await asyncio.to_thread(self.engine.shutdown)  # tensor-parallel workers, if any
 
     @property
     def is_running(self) -> bool:
@@ -205,6 +206,7 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         try:
             while not self._stopping:
+                self.engine.check_health()  # a dead tensor-parallel rank ends the loop
                 self._apply_commands()
                 if not self.engine.has_unfinished_requests():
                     self._wake.wait(_IDLE_WAIT_S)

@@ -38,6 +38,7 @@ class EngineConfig:
     ngram_max: int = 4  # longest suffix tried first
     draft_model: str | None = None  # for "draft": any model sharing the target's tokenizer
     speculative_max_batch: int = 4  # speculate only while this many sequences or fewer run
+    tensor_parallel_size: int = 1  # processes (one per device) one replica spans
 
     def validate(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -66,5 +67,7 @@ class EngineConfig:
             raise ValueError("min_prefill_tokens must be at least 1")
         if self.max_queue_delay_s is not None and self.max_queue_delay_s <= 0:
             raise ValueError("max_queue_delay_s must be positive (or None for no bound)")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be at least 1")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")

@@ -28,7 +28,7 @@ from backend_engine.sequence import Sequence
 from backend_engine.spec_decode.controller import SpecController
 from backend_engine.spec_decode.proposers import build_proposer
 from backend_engine.step_budget import QueueDrain, StepBudget
-from backend_engine.step_cost import StepShape
+from backend_engine.step_cost import StepCostModel, StepShape
 from routing.hashing import NAMESPACE_RULE, namespace_for
 
 
@@ -42,7 +42,22 @@ class LLMEngine:
         check_architecture(self.hf_config)
         self.tokenizer = AutoTokenizer.from_pretrained(files.folder)
         self.max_model_len = self._max_model_len(config)
-        self.runner = ModelRunner(config, files.folder, self.hf_config, self.max_model_len)
+        self.runner = self._build_runner(config, files)
+        try:
+            self._build_engine(config, files)
+        except BaseException:
+            self.runner.shutdown()  # tensor-parallel workers must not outlive a failed start
+            raise
+
+    def _build_runner(self, config: EngineConfig, files):  # -> ModelRunner-like
+        if config.tensor_parallel_size == 1:
+            return ModelRunner(config, files.folder, self.hf_config, self.max_model_len)
+        from backend_engine.distributed.executor import TensorParallelExecutor
+
+        return TensorParallelExecutor(config, files.folder, self.hf_config, self.max_model_len,
+                                      files.model_id)
+
+    def _build_engine(self, config: EngineConfig, files) -> None:
         self.block_size = config.block_size
         self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching,
                               config.kv_event_buffer, config.eviction_policy,
@@ -64,8 +79,11 @@ class LLMEngine:
             return None
         from backend_engine.step_calibration import calibrated_model
 
-        return StepBudget(calibrated_model(self.runner), config.target_itl_ms / 1000,
-                          config.min_prefill_tokens, config.max_num_batched_tokens)
+        # a tensor-parallel executor is fitted from its first steps alone
+        model = (calibrated_model(self.runner) if isinstance(self.runner, ModelRunner)
+                 else StepCostModel())
+        return StepBudget(model, config.target_itl_ms / 1000, config.min_prefill_tokens,
+                          config.max_num_batched_tokens)
 
     def _max_model_len(self, config: EngineConfig) -> int:
         limit = self.hf_config.max_position_embeddings
@@ -328,6 +346,15 @@ class LLMEngine:
         self.stats.finished_by_reason[reason[0]] += 1
         if seq.first_token_time is not None and seq.num_output_tokens > 1:
             self.stats.observe("tpot", (now - seq.first_token_time) / (seq.num_output_tokens - 1))
+
+    # -- the runner's processes --------------------------------------------------------------
+    def check_health(self) -> None:
+        """Raise if the engine can no longer compute (a tensor-parallel rank died)."""
+        self.runner.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the runner's worker processes, if any; the engine is unusable afterwards."""
+        self.runner.shutdown()
 
     # -- cache state for the replica server ------------------------------------------------
     def load(self) -> dict:

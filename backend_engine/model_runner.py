@@ -1,9 +1,10 @@
 """The model runner: owns the weights and the paged KV cache, turns a scheduled batch into
-input tensors and attention metadata, runs the forward pass and samples. No policy here."""
+input tensors and attention metadata, runs the forward pass and samples. No policy here.
+Under tensor parallelism every rank runs one, on its shard, from the same StepBatch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -12,11 +13,14 @@ from backend_engine.attention.backend import get_attention_backend
 from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
                                                build_kernel_metadata)
 from backend_engine.config import EngineConfig
+from backend_engine.distributed.group import SINGLE, TensorParallelGroup
+from backend_engine.distributed.sharding import shard_layout, shard_state_dict
 from backend_engine.model_loader import load_state_dict
 from backend_engine.models.llama import LlamaModel
 from backend_engine.sampler import Sampler, SamplerOutput, SamplingRow
 from backend_engine.sequence import Sequence
 from backend_engine.spec_decode.rejection import verify_greedy, verify_sampled
+from backend_engine.step_batch import StepBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,7 +31,8 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     sample_index: list[int]  # flat indexes of the tokens whose logits are needed
-    sampled_seqs: list[tuple[Sequence, int, int]]  # (seq, first row, number of rows)
+    sampled: list[tuple[int, int, int]]  # (index in the batch, first row, number of rows)
+    sampled_seqs: list[tuple[Sequence, int, int]] = field(default_factory=list)  # with sequences
 
 
 @dataclass(slots=True)
@@ -41,21 +46,30 @@ class SeqResult:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, folder: Path, hf_config, max_model_len: int):
+    def __init__(self, config: EngineConfig, folder: Path, hf_config, max_model_len: int,
+                 tp: TensorParallelGroup = SINGLE):
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         self.block_size = config.block_size
         self.attention = get_attention_backend(config.attention_backend, config.device)
-        self.model = LlamaModel(hf_config, load_state_dict(folder), self.attention,
-                                max_model_len, self.dtype, config.device)
+        weights = shard_state_dict(load_state_dict(folder),
+                                   shard_layout(hf_config, tp.rank, tp.size))
+        self.model = LlamaModel(hf_config, weights, self.attention, max_model_len, self.dtype,
+                                config.device, tp=tp)
         self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
         shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(self.model.num_layers)]
         self.sampler = Sampler(config.seed)
+
+    def check_health(self) -> None:
+        """One process: nothing to watch (a tensor-parallel executor raises for a dead rank)."""
+
+    def shutdown(self) -> None:
+        """One process: nothing to stop."""
 
     def _blocks_for_memory(self, gigabytes: float) -> int:
         m = self.model
@@ -64,42 +78,41 @@ class ModelRunner:
         return max(2, int(gigabytes * (1 << 30)) // per_block)
 
     # -- batch preparation -----------------------------------------------------------------
-    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+    def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
         """Cache slots of positions [start, end): the new tokens of this step only."""
-        bs, ids = self.block_size, seq.block_ids
-        return [ids[p // bs] * bs + p % bs for p in range(start, end)]
+        bs = self.block_size
+        return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInputs:
+    def prepare(self, batch: StepBatch) -> StepInputs:
         """Inputs of one step. Python work is O(new tokens + blocks), never O(context)."""
-        decodes = [(s, n) for s, n in scheduled if n == 1]
-        prefills = [(s, n) for s, n in scheduled if n > 1]
+        decodes = [i for i, tokens in enumerate(batch.token_ids) if len(tokens) == 1]
+        prefills = [i for i, tokens in enumerate(batch.token_ids) if len(tokens) > 1]
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
         sample_index: list[int] = []
-        sampled: list[tuple[Sequence, int, int]] = []
-        for seq, n in decodes + prefills:
-            start = seq.num_computed_tokens
-            real = seq.token_ids[start:start + n]  # the new tokens, then any drafts
-            input_ids.extend(real)
-            if len(real) < n:
-                input_ids.extend(seq.spec_token_ids[:n - len(real)])
-            positions.extend(range(start, start + n))
-            slot_mapping.extend(self._slots(seq, start, start + n))
-            if start + n >= seq.num_tokens:  # reached the last real token: sample (or verify)
-                first = len(input_ids) - (start + n - seq.num_tokens) - 1
-                rows = start + n - seq.num_tokens + 1  # the last real token + each draft
-                sampled.append((seq, len(sample_index), rows))
+        sampled: list[tuple[int, int, int]] = []
+        for i in decodes + prefills:
+            start, tokens = batch.num_computed_tokens[i], batch.token_ids[i]
+            end = start + len(tokens)
+            input_ids.extend(tokens)
+            positions.extend(range(start, end))
+            slot_mapping.extend(self._slots(batch.block_ids[i], start, end))
+            if end >= batch.num_tokens[i]:  # reached the last real token: sample (or verify)
+                rows = end - batch.num_tokens[i] + 1  # the last real token + each draft
+                first = len(input_ids) - rows
+                sampled.append((i, len(sample_index), rows))
                 sample_index.extend(range(first, first + rows))
         meta = AttentionMetadata(slot_mapping=torch.tensor(slot_mapping, dtype=torch.long),
                                  num_decode_tokens=len(decodes))
         if decodes:
-            self._decode_metadata(meta, [s for s, _ in decodes])
+            self._decode_metadata(meta, batch, decodes)
         offset = len(decodes)
         bs = self.block_size
-        for seq, n in prefills:
-            ctx = seq.num_computed_tokens + n
-            table = torch.tensor(seq.block_ids[:-(-ctx // bs)], dtype=torch.long)
+        for i in prefills:
+            n = len(batch.token_ids[i])
+            ctx = batch.num_computed_tokens[i] + n
+            table = torch.tensor(batch.block_ids[i][:-(-ctx // bs)], dtype=torch.long)
             meta.prefills.append(PrefillChunk(offset, n, ctx, table))
             offset += n
         if self.device.type != "cpu":
@@ -119,31 +132,43 @@ class ModelRunner:
                 chunk.block_table = chunk.block_table.to(self.device, non_blocking=True)
         meta.slot_mapping = meta.slot_mapping.to(self.device, non_blocking=True)
 
-    def _decode_metadata(self, meta: AttentionMetadata, seqs: list[Sequence]) -> None:
-        width = max(len(s.block_ids) for s in seqs)
-        meta.decode_block_tables = torch.tensor(
-            [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs], dtype=torch.long)
-        meta.decode_context_lens = torch.tensor([s.num_computed_tokens + 1 for s in seqs])
+    def _decode_metadata(self, meta: AttentionMetadata, batch: StepBatch,
+                         decodes: list[int]) -> None:
+        tables = [batch.block_ids[i] for i in decodes]
+        width = max(len(t) for t in tables)
+        meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                                dtype=torch.long)
+        meta.decode_context_lens = torch.tensor([batch.num_computed_tokens[i] + 1
+                                                 for i in decodes])
 
     # -- execution -------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, scheduled: list[tuple[Sequence, int]]
-                ) -> tuple[StepInputs, torch.Tensor | None]:
-        """The forward pass; logits only at the rows sampling needs (None if there are none)."""
-        inputs = self.prepare(scheduled)
+    def forward_batch(self, batch: StepBatch) -> tuple[StepInputs, torch.Tensor | None]:
+        """The forward pass; logits only at the rows sampling needs (None if there are none,
+        and on tensor-parallel ranks other than 0)."""
+        inputs = self.prepare(batch)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
                                     inputs.meta)
-        if not inputs.sampled_seqs:
+        if not inputs.sampled:
             return inputs, None
+        logits = self.model.compute_logits(hidden[inputs.sample_index])
         # sampling runs on the host (per-request CPU generators make seeds reproducible)
-        return inputs, self.model.compute_logits(hidden[inputs.sample_index]).cpu()
+        return inputs, None if logits is None else logits.cpu()
+
+    def forward(self, scheduled: list[tuple[Sequence, int]], batch: StepBatch | None = None
+                ) -> tuple[StepInputs, torch.Tensor | None]:
+        """forward_batch for scheduled sequences (`batch`: their StepBatch, if already built)."""
+        inputs, logits = self.forward_batch(StepBatch.of(scheduled) if batch is None else batch)
+        inputs.sampled_seqs = [(scheduled[i][0], first, n) for i, first, n in inputs.sampled]
+        return inputs, logits
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]],
-                rows: dict[Sequence, list[SamplingRow]]) -> dict[Sequence, SeqResult]:
+                rows: dict[Sequence, list[SamplingRow]],
+                batch: StepBatch | None = None) -> dict[Sequence, SeqResult]:
         """Run one step. rows[seq] has one SamplingRow per logits row the sequence needs: one,
         or 1 + drafts when it carries speculative tokens to verify."""
-        inputs, logits = self.forward(scheduled)
+        inputs, logits = self.forward(scheduled, batch)
         if logits is None:
             return {}
         flat_rows = [r for seq, _, _ in inputs.sampled_seqs for r in rows[seq]]

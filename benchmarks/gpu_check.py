@@ -1,7 +1,9 @@
 """The GPU check: kernel tests run natively, decode-attention bandwidth vs peak, engine vs
-transformers throughput. Each stage runs in its own process under a share of one deadline, so
-a hang or a crash in one still leaves the others' figures. Ends with one JSON line:
-{"decode_attn_bw_fraction": …, "engine_vs_hf": …, "kernel_tests_passed": …, …}.
+transformers throughput, and on a machine with two GPUs or more tensor parallelism over NCCL
+(2 ranks against 1: the same greedy tokens, and step times). Each stage runs in its own process
+under a share of one deadline, so a hang or a crash in one still leaves the others' figures.
+Ends with one JSON line:
+{"decode_attn_bw_fraction": …, "engine_vs_hf": …, "kernel_tests_passed": …, "tp2_tokens_match": …, …}.
 Run it through benchmarks/gpu_check.sh."""
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGE_SECONDS = {"kernels": 170, "bandwidth": 60, "engine": 170}
+STAGE_SECONDS = {"kernels": 170, "bandwidth": 60, "engine": 170, "tensor_parallel": 100}
 
 
 def _run(args: list[str], seconds: float) -> tuple[int | None, str]:
@@ -60,12 +62,27 @@ def kernel_tests(seconds: float) -> dict:
                             f"{counts['skipped']} skipped", "kernel_tests_failed": failed[:20]}
 
 
-def json_stage(module: str, seconds: float, key: str) -> dict:
-    code, tail = _run([sys.executable, "-m", module], seconds)
+def json_stage(module: str, seconds: float, key: str, *args: str) -> dict:
+    code, tail = _run([sys.executable, "-m", module, *args], seconds)
     found = _last_json(tail) if code == 0 else None
     if found is None:
         reason = "timed out" if code is None else f"exited {code}"
         return {key: None, f"{module.rsplit('.', 1)[-1]}_error": f"{reason}: {tail[-800:]}"}
+    return found
+
+
+def tensor_parallel_stage(seconds: float) -> dict:
+    """Two ranks over NCCL against one, when the machine has two GPUs (null otherwise)."""
+    from kvgate.launcher.plan import count_gpus  # nvidia-smi: this process stays off the GPU
+
+    gpus = count_gpus()
+    if gpus < 2:
+        return {"tp2_tokens_match": None, "skipped": f"{gpus} GPU listed by nvidia-smi"}
+    found = json_stage("benchmarks.tensor_parallel", seconds, "tp2", "--device", "cuda",
+                       "--steps", "16")
+    tp2 = found.get("tp2")
+    if isinstance(tp2, dict):
+        found["tp2_tokens_match"] = tp2.get("tokens_match")
     return found
 
 
@@ -83,11 +100,13 @@ def main() -> None:
     bandwidth = json_stage("benchmarks.decode_bandwidth", share("bandwidth"),
                            "decode_attn_bw_fraction")
     engine = json_stage("benchmarks.gpu_engine_vs_hf", share("engine"), "engine_vs_hf")
+    tensor_parallel = tensor_parallel_stage(share("tensor_parallel"))
     kernels = kernel_tests(max(deadline - time.monotonic(), 30))
     result["decode_attn_bw_fraction"] = bandwidth.pop("decode_attn_bw_fraction", None)
     result["engine_vs_hf"] = engine.pop("engine_vs_hf", None)
     result["kernel_tests_passed"] = kernels.pop("kernel_tests_passed")
-    result.update(kernels, bandwidth=bandwidth, engine=engine)
+    result["tp2_tokens_match"] = tensor_parallel.pop("tp2_tokens_match", None)
+    result.update(kernels, bandwidth=bandwidth, engine=engine, tensor_parallel=tensor_parallel)
     print(json.dumps(result))
 
 

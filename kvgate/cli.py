@@ -52,6 +52,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
                    help="auto: Triton kernels on CUDA, torch elsewhere")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="processes (one per device: gloo on CPU, NCCL on CUDA) one replica spans")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--speculative-method", default=None, choices=["ngram", "draft"])
     spec.add_argument("--num-speculative-tokens", type=int, default=4)
@@ -106,6 +108,7 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         target_itl_ms=_target_itl_ms(args),
         min_prefill_tokens=args.min_prefill_tokens,
         max_queue_delay_s=args.max_queue_delay_s or None,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     if args.kv_cache_memory is not None:
         config.kv_cache_memory_gb = args.kv_cache_memory

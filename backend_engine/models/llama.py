@@ -1,6 +1,9 @@
 """Llama-family decoder (Llama, SmolLM, Qwen2, Mistral) over paged KV caches.
 
 Weights come from a Hugging Face state dict; q/k/v and gate/up are fused into one matmul each.
+Under tensor parallelism the state dict is this rank's shard (distributed/sharding.py): the
+model then holds its share of the heads and of the MLP, sums the o and down projections over
+the ranks, and looks up / scores the vocabulary in parallel (distributed/vocab.py).
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ import torch.nn.functional as F
 
 from backend_engine.attention.backend import AttentionBackend
 from backend_engine.attention.metadata import AttentionMetadata
+from backend_engine.distributed.group import SINGLE, TensorParallelGroup
+from backend_engine.distributed.sharding import shard_layout
+from backend_engine.distributed.vocab import embed_tokens, gather_logits
 from backend_engine.errors import ModelLoadError
 from backend_engine.models.linear import RowAwareLinear
 from backend_engine.models.rotary import RotaryEmbedding
@@ -57,21 +63,24 @@ class DecoderLayer:
         q, k = m.rotary(positions, q, k)
         m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale)
-        hidden = residual + linear(attn.reshape(-1, m.q_size), self.o_weight)
+        hidden = residual + m.tp.all_reduce(linear(attn.reshape(-1, m.q_size), self.o_weight))
         residual = hidden
         x = rms_norm(hidden, self.post_attn_norm, m.eps)
         gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return residual + linear(F.silu(gate) * up, self.down_weight)
+        return residual + m.tp.all_reduce(linear(F.silu(gate) * up, self.down_weight))
 
 
 class LlamaModel:
     def __init__(self, config, weights: dict[str, torch.Tensor], attention: AttentionBackend,
                  max_positions: int, dtype: torch.dtype, device: str = "cpu",
-                 calibrate_matmuls: bool = True):
+                 calibrate_matmuls: bool = True, tp: TensorParallelGroup = SINGLE):
+        """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard."""
         self.config = config
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.tp = tp
+        self.layout = shard_layout(config, tp.rank, tp.size)
+        self.num_heads = self.layout.num_heads  # this rank's (all of them without parallelism)
+        self.num_kv_heads = self.layout.num_kv_heads
+        self.head_dim = self.layout.head_dim
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError("num_attention_heads must be a multiple of num_key_value_heads")
         self.q_size = self.num_heads * self.head_dim
@@ -101,11 +110,12 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata) -> torch.Tensor:
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = embed_tokens(input_ids, self.embed, self.layout, self.tp)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             hidden = layer(hidden, positions, k_cache, v_cache, meta)
         return rms_norm(hidden, self.norm, self.eps)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden, self.lm_head).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits over the whole vocabulary; None on tensor-parallel ranks other than 0."""
+        return gather_logits(self.linear(hidden, self.lm_head).float(), self.layout, self.tp)

@@ -51,6 +51,7 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
+        self.state.check_engine()  # an engine that died takes the server down: a supervisor restarts it
         if self.state.phase == FAILED and not self.should_exit:
             logger.error("exiting: %s", self.state.failure)
             self.should_exit = True

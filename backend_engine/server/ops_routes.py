@@ -15,8 +15,7 @@ router = APIRouter()
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.server
-    if state.engine is not None and getattr(state.engine, "dead", None) is not None:
-        state.mark_dead(f"engine loop died: {state.engine.dead}")
+    state.check_engine()
     body: dict = {"status": state.phase}
     if state.failure:
         body["reason"] = state.failure

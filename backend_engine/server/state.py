@@ -76,6 +76,12 @@ class ServerState:
             raise model_not_found(model)
         return model
 
+    def check_engine(self) -> None:
+        """Fail the replica once its engine loop has died (e.g. a tensor-parallel rank did)."""
+        dead = getattr(self.engine, "dead", None)
+        if dead is not None and self.phase != FAILED:
+            self.mark_dead(f"engine loop died: {dead}")
+
     def mark_dead(self, reason: str) -> None:
         self.failure = reason
         self.phase = FAILED

@@ -31,8 +31,8 @@ class DraftModelProposer:
             raise ModelLoadError(
                 f"draft model vocabulary ({hf_config.vocab_size}) differs from the target's "
                 f"({target_vocab_size}); the draft must share the target's tokenizer")
-        draft_config = dataclasses.replace(config, model=config.draft_model,
-                                           speculative_method=None)
+        draft_config = dataclasses.replace(config, model=config.draft_model,  # rank 0 only
+                                           speculative_method=None, tensor_parallel_size=1)
         self.runner = ModelRunner(draft_config, files.folder, hf_config, max_model_len)
         self.pool = BlockPool(self.runner.num_blocks, enable_caching=config.enable_prefix_caching,
                               event_buffer=1)

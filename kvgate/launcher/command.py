@@ -47,7 +47,9 @@ def add_up_flags(p: argparse.ArgumentParser) -> None:
                    help="first gateway; gateways take PORT…PORT+G-1, replicas the ports after")
     p.add_argument("--device", action=_Typed, default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--num-threads", type=int, action=_Typed, default=None,
-                   help="torch threads per CPU replica (default: cores // replicas)")
+                   help="torch threads per CPU process (default: cores // (replicas × tensor-parallel size))")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, action=_Typed, default=1,
+                   help="processes (CPU) or GPUs each replica spans")
     p.add_argument("--speculative-method", action=_Typed, default=None, choices=["ngram", "draft"])
     p.add_argument("--admin-key", action=_Typed, default=None, help="key for the gateways' /admin (default: generated)")
     p.add_argument("--api-key", action=_Typed, default=None,
@@ -90,7 +92,8 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"kvgate up: {exc}", file=sys.stderr)
         return 2
     supervisor.install_signal_handlers()
-    _say(f"kvgate up: {len(plan.replicas)} {plan.device} replica(s) of {config.model}, "
+    tp = f" × {config.tensor_parallel_size} ranks" if config.tensor_parallel_size > 1 else ""
+    _say(f"kvgate up: {len(plan.replicas)} {plan.device} replica(s){tp} of {config.model}, "
          f"{len(plan.gateways)} gateway(s){', redis' if plan.redis else ''}; logs in {log_dir}")
     try:
         if not supervisor.start():

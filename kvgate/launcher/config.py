@@ -12,7 +12,8 @@ import yaml
 
 # Flags `kvgate up` sets on every replica/gateway itself; setting them under `engine:` or
 # `gateway:` would silently break the port layout or the thread split, so they are refused.
-_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key"}
+_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key",
+                         "tensor_parallel_size"}
 _MANAGED_GATEWAY_FLAGS = {"host", "port", "replica", "redis_url", "policy", "admin_key", "api_key"}
 _DEVICES = ("auto", "cpu", "cuda")
 
@@ -32,7 +33,8 @@ class UpConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # first gateway; the rest follow, then the replicas
     device: str = "auto"  # auto: cuda when `nvidia-smi -L` lists GPUs
-    num_threads: int | None = None  # per CPU replica; None: max(1, cores // replicas)
+    num_threads: int | None = None  # per CPU process; None: max(1, cores // (replicas × tensor_parallel_size))
+    tensor_parallel_size: int = 1  # processes (CPU) or GPUs each replica spans
     speculative_method: str | None = None
     admin_key: str | None = None  # None: one is generated per run and printed
     api_key: str | None = None  # user key for /v1/*; generated when gateways share Redis
@@ -56,6 +58,8 @@ class UpConfig:
             raise ConfigError(f"device must be one of {list(_DEVICES)}, not {self.device!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("num_threads must be at least 1")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError("tensor_parallel_size must be at least 1")
         if self.shutdown_grace_s <= 0 or self.health_timeout_s <= 0:
             raise ConfigError("shutdown_grace_s and health_timeout_s must be positive")
         if not 0 < self.restart_backoff_s <= self.restart_backoff_max_s:
@@ -109,7 +113,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-_INTS = ("replicas", "gateways", "port", "num_threads")
+_INTS = ("replicas", "gateways", "port", "num_threads", "tensor_parallel_size")
 _FLOATS = ("health_timeout_s", "shutdown_grace_s", "restart_backoff_s", "restart_backoff_max_s")
 
 

@@ -106,7 +106,11 @@ def build_plan(config: UpConfig, gpus: int, cores: int, redis_port: int | None =
     device = config.device if config.device != "auto" else ("cuda" if gpus else "cpu")
     if device == "cuda" and gpus == 0:
         raise ConfigError("device cuda asked for, but `nvidia-smi -L` lists no GPU")
-    k = config.replicas or (gpus if device == "cuda" else DEFAULT_CPU_REPLICAS)
+    tp = config.tensor_parallel_size
+    if device == "cuda" and gpus < tp:
+        raise ConfigError(f"tensor_parallel_size {tp} needs {tp} GPUs per replica, but `nvidia-smi -L` "
+                          f"lists {gpus}")
+    k = config.replicas or (gpus // tp if device == "cuda" else DEFAULT_CPU_REPLICAS)
     g = config.gateways
     redis = None
     redis_url = config.redis_url
@@ -124,15 +128,18 @@ def _replica_spec(config: UpConfig, i: int, port: int, device: str, gpus: int, c
     argv = [python, "-m", "kvgate.cli", "engine", "--model", config.model, "--host", config.host,
             "--port", str(port), "--device", device, "--log-level", config.log_level]
     env: dict[str, str] = {}
+    tp = config.tensor_parallel_size
     if device == "cuda":
-        # One GPU per replica; with more replicas than GPUs they share round-robin.
-        env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+        # tp GPUs per replica (one per rank); with more replicas than that allows they share round-robin.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str((i * tp + rank) % gpus) for rank in range(tp))
     else:
         # Several torch processes that each use every core collapse (25x slower, measured):
-        # split the cores between the replicas instead.
-        threads = config.num_threads or max(1, cores // k)
+        # split the cores between the replicas' processes (tp per replica) instead.
+        threads = config.num_threads or max(1, cores // (k * tp))
         argv += ["--num-threads", str(threads)]
         env["OMP_NUM_THREADS"] = str(threads)
+    if tp > 1:
+        argv += ["--tensor-parallel-size", str(tp)]
     if config.speculative_method:
         argv += ["--speculative-method", config.speculative_method]
     if config.api_key and config.gateways == 0:  # no gateway in front: the replicas check the key

@@ -99,3 +99,26 @@ def test_restart_backoff_doubles_up_to_its_cap():
     config = UpConfig(restart_backoff_s=1.0, restart_backoff_max_s=30.0)
     assert [restart_delay(config, n) for n in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     assert restart_delay(config, 10_000) == 30  # no overflow after a long crash loop
+
+
+def test_tensor_parallel_replicas_get_a_process_per_rank_and_their_share_of_cores_or_gpus():
+    cpu = build_plan(UpConfig(replicas=2, tensor_parallel_size=2), gpus=0, cores=16)
+    for replica in cpu.replicas:  # 2 replicas × 2 ranks share 16 cores
+        assert argv_value(replica.argv, "--tensor-parallel-size") == "2"
+        assert argv_value(replica.argv, "--num-threads") == "4" and replica.env["OMP_NUM_THREADS"] == "4"
+    gpu = build_plan(UpConfig(tensor_parallel_size=2), gpus=4, cores=32)
+    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in gpu.replicas] == ["0,1", "2,3"]
+    assert "--tensor-parallel-size" not in build_plan(UpConfig(), gpus=0, cores=2).replicas[0].argv
+
+
+def test_tensor_parallel_size_is_checked_against_the_gpus_and_kept_out_of_engine_flags(tmp_path):
+    with pytest.raises(ConfigError, match="tensor_parallel_size 4 needs 4 GPUs per replica, but .* lists 2"):
+        build_plan(UpConfig(tensor_parallel_size=4, device="cuda"), gpus=2, cores=8)
+    with pytest.raises(ConfigError, match="at least 1"):
+        UpConfig(tensor_parallel_size=0).validate()
+    with pytest.raises(ConfigError, match="top-level key `tensor_parallel_size`"):
+        UpConfig(engine={"tensor-parallel-size": 2}).validate()
+    path = tmp_path / "up.yaml"
+    path.write_text("tensor_parallel_size: '3'\n")
+    assert config_for("--config", str(path)).tensor_parallel_size == 3
+    assert config_for("--config", str(path), "-tp", "2").tensor_parallel_size == 2

@@ -149,3 +149,56 @@ def test_children_die_with_a_supervisor_killed_by_sigkill(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def complete_tokens(base_url: str) -> str:
+    body = {"model": "tiny-random", "prompt": [1, 504, 3287, 282, 4052], "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True}
+    resp = httpx.post(f"{base_url}/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["choices"][0]["text"]
+
+
+@pytest.mark.timeout(300)
+def test_up_runs_a_tensor_parallel_replica_and_restarts_its_whole_group(tmp_path):
+    import psutil
+    import torch
+
+    from backend_engine.llm import LLM
+    from backend_engine.sampling_params import SamplingParams
+
+    threads = torch.get_num_threads()
+    expected = LLM("tiny-random", num_kv_blocks=64, num_threads=1).generate(
+        [[1, 504, 3287, 282, 4052]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].outputs[0].text
+    torch.set_num_threads(threads)
+    port = free_port_run(2)
+    proc, out = start_up("--model", "tiny-random", "--replicas", "1", "--tensor-parallel-size", "2",
+                         "--num-threads", "1", "--port", str(port), "--log-dir", str(tmp_path), "--log-level", "warning")
+    try:
+        base_url = out.wait_for(r"OpenAI base_url:\s+(\S+)", 200).group(1)
+        out.wait_for(r"1 cpu replica\(s\) × 2 ranks of tiny-random", 5)
+        replica_pid = int(out.wait_for(r"^\s+replicas:\s+\S+ \(pid (\d+)\)", 5).group(1))
+        assert complete_tokens(base_url) == expected
+        workers = [p for p in psutil.Process(replica_pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+        assert len(workers) == 1
+        old = [psutil.Process(replica_pid), *psutil.Process(replica_pid).children(recursive=True)]
+
+        workers[0].kill()  # one rank dies: the replica exits, and kvgate up restarts the group
+        out.wait_for(rf"replica-1 \(pid {replica_pid}\) exited with code 1; restarting", 60)
+        new_pid = int(out.wait_for(r"replica-1: healthy again at \S+ \(pid (\d+)\)", 200).group(1))
+        assert psutil.wait_procs(old, timeout=10)[1] == []
+        new = [psutil.Process(new_pid), *psutil.Process(new_pid).children(recursive=True)]
+        assert len(new) >= 2
+        deadline = time.monotonic() + 30  # until the gateway's health check sees it back
+        while httpx.get(base_url.removesuffix("/v1") + "/health", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert complete_tokens(base_url) == expected
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert psutil.wait_procs(new, timeout=10)[1] == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -45,3 +45,10 @@ def test_invalid_config_exits_2_and_missing_model_exits_1():
     missing = subprocess.run([sys.executable, "-m", "kvgate.cli", "engine", "--model", "/no/such/model", "--port", "0",
                               "--log-level", "error"], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1
+
+
+def test_tensor_parallel_size_flag_reaches_the_config_and_is_checked():
+    assert engine_config_from_args(parse("engine", "--tensor-parallel-size", "3")).tensor_parallel_size == 3
+    assert engine_config_from_args(parse("engine", "-tp", "2")).tensor_parallel_size == 2
+    bad = subprocess.run([sys.executable, "-m", "kvgate.cli", "engine", "-tp", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "tensor_parallel_size must be at least 1" in bad.stderr

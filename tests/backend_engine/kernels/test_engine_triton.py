@@ -53,3 +53,21 @@ def test_triton_engine_verifies_drafts_like_torch(speculation, device):
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert llm.engine.spec.stats.drafted_tokens > 0
     assert outs["triton"] == outs["torch"]
+
+
+def test_triton_engine_on_two_tensor_parallel_ranks_matches_torch(torch_tokens, device):
+    """Each rank runs the kernels on its own heads (gloo between CPU ranks, NCCL between GPUs)."""
+    import torch
+
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("tensor parallelism on CUDA needs two GPUs")
+    threads = torch.get_num_threads()
+    llm = LLM("tiny-random", attention_backend="triton", device=device, num_kv_blocks=64,
+              tensor_parallel_size=2, num_threads=1 if device == "cpu" else None)
+    try:
+        first = llm.generate(PROMPTS, PARAMS)
+        again = llm.generate(PROMPTS[:2], PARAMS)
+        assert [o.outputs[0].token_ids for o in first + again] == torch_tokens
+    finally:
+        llm.engine.shutdown()
+        torch.set_num_threads(threads)
