@@ -46,7 +46,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                            "first token (0: never refuse)")
     p.add_argument("--scheduling-policy", default="priority", choices=["priority", "fcfs"],
                    help="priority: lower 'priority' values first (equal ones in arrival order); fcfs: arrival only")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="compute and KV-cache dtype; auto: bfloat16 where the device computes it "
+                        "natively (CUDA, CPUs with AVX512-BF16/AMX), else float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -80,11 +82,12 @@ def _target_itl_ms(args: argparse.Namespace) -> float | None:
 
 def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (imported lazily)
     from backend_engine.config import EngineConfig
+    from backend_engine.dtype import resolve_dtype
 
     config = EngineConfig(
         model=args.model,
         served_model_name=args.served_model_name[0] if args.served_model_name else None,
-        dtype=args.dtype,
+        dtype=resolve_dtype(args.dtype, args.device),
         device=args.device,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
