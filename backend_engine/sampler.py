@@ -1,6 +1,8 @@
 """Turns a step's logits into tokens: bias, penalties, min_tokens, temperature, top-k/top-p/
 min-p, greedy or seeded sampling, and logprobs. Vectorised over the batch; per-row loops only
-for seeded rows (each has its own generator)."""
+for seeded rows (each has its own generator). Draws are by inverse CDF with one uniform per row,
+over a partial top-k of the vocabulary when the filters allow it: a full sort and a random
+number per vocabulary entry cost 0.5 s a step at 64 rows of a 49k vocabulary here."""
 
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ class SamplerOutput:
     logprobs: list[float] | None = None  # logprob of each sampled token
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
+
+
+NUCLEUS_CANDIDATES = 1024  # top-p looks for its nucleus among this many likeliest tokens first
 
 
 class Sampler:
@@ -60,9 +65,12 @@ class Sampler:
         return self._apply_bias_and_penalties(logits.float(), rows)
 
     def probs(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """The distribution sampling draws from: temperature, then min-p, top-k, top-p."""
-        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in rows])
-        return self._filter(torch.softmax(logits / temps.unsqueeze(1), dim=-1), rows)
+        """The distribution sampling draws from (temperature, then min-p, top-k, top-p), dense
+        over the vocabulary and unnormalised where filters dropped tokens."""
+        probs, candidates = self._filtered(logits, rows)
+        if candidates is None:
+            return probs
+        return torch.zeros(logits.shape, dtype=probs.dtype).scatter_(1, candidates, probs)
 
     @staticmethod
     def _apply_bias_and_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -88,37 +96,83 @@ class Sampler:
         return logits
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        greedy = torch.tensor([r.params.greedy for r in rows])
+        greedy = [r.params.greedy for r in rows]
         tokens = logits.argmax(dim=-1)
-        if bool(greedy.all()):
+        if all(greedy):
             return tokens
-        probs = self.probs(logits, rows)
-        # Exponential race (Gumbel-max in probability space): argmax(p / E), E ~ Exp(1).
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        drawn = [i for i, g in enumerate(greedy) if not g]
+        sub_rows = [rows[i] for i in drawn]
+        probs, candidates = self._filtered(logits[drawn], sub_rows)
+        if candidates is not None:  # draw in token-id order, as from the dense distribution:
+            candidates, order = candidates.sort(dim=1)  # a row's draw must not depend on
+            probs = probs.gather(1, order)  # which path its batch neighbours forced
+        picks = self._draw(probs, sub_rows)
+        if candidates is not None:
+            picks = candidates.gather(1, picks.unsqueeze(1)).squeeze(1)
+        tokens[drawn] = picks
+        return tokens
+
+    def _draw(self, probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """One index per row, drawn by inverse CDF from (unnormalised) non-negative weights:
+        one uniform per row, so a seeded row's draw depends only on its own generator."""
+        u = torch.rand(len(rows), generator=self.generator)
         for i, row in enumerate(rows):
             if row.generator is not None:
-                noise[i].exponential_(generator=row.generator)
-        sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(greedy, tokens, sampled)
+                u[i] = torch.rand(1, generator=row.generator)
+        cdf = probs.cumsum(dim=-1)
+        target = (u * cdf[:, -1]).unsqueeze(1)
+        index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+        return index.clamp_(max=probs.shape[1] - 1)
 
-    @staticmethod
-    def _filter(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        top_k = [r.params.top_k for r in rows]
-        top_p = [r.params.top_p for r in rows]
+    def _filtered(self, logits: torch.Tensor, rows: list[SamplingRow]
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The distribution sampling draws from (temperature, then min-p, top-k, top-p), as
+        dense probabilities, or as the probabilities of candidate token ids [rows, k] when
+        every row's top-k / top-p support lies within its k most likely tokens: a partial
+        top-k instead of sorting the whole vocabulary (64 rows x 49,152: 10x cheaper)."""
+        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in rows])
+        probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
         min_p = [r.params.min_p for r in rows]
         if any(min_p):
             threshold = torch.tensor(min_p).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
             probs = probs.masked_fill(probs < threshold, 0.0)
-        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            vocab = probs.shape[1]
-            ks = torch.tensor([k if k > 0 else vocab for k in top_k]).unsqueeze(1)
-            ranks = torch.arange(vocab).unsqueeze(0)
-            drop = ranks >= ks
-            kept = sorted_probs.masked_fill(drop, 0.0)
-            kept = kept / kept.sum(dim=-1, keepdim=True)
-            # top-p over what top-k kept: the smallest prefix reaching the mass (at least one)
-            drop |= (kept.cumsum(dim=-1) - kept) >= torch.tensor(top_p).unsqueeze(1)
-            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
-        return probs
+        top_k = [r.params.top_k for r in rows]
+        top_p = [r.params.top_p for r in rows]
+        vocab = probs.shape[1]
+        if not any(k > 0 for k in top_k) and all(p >= 1.0 for p in top_p):
+            return probs, None
+        # each row's support is within its first `width` ranks: top-k's k, else a guess for
+        # the nucleus that is checked below; a row with neither filter needs the whole vocab
+        widths = [k if k > 0 else (NUCLEUS_CANDIDATES if p < 1.0 else vocab)
+                  for k, p in zip(top_k, top_p)]
+        width = min(vocab, max(widths))
+        values, order = probs.topk(width, dim=-1) if width < vocab else probs.sort(
+            dim=-1, descending=True)
+        ks = torch.tensor([k if k > 0 else vocab for k in top_k]).unsqueeze(1)
+        drop = torch.arange(width).unsqueeze(0) >= ks
+        kept = values.masked_fill(drop, 0.0)
+        # top-k's mass is its kept values; without top-k the mass is the whole row's
+        mass = torch.where(ks.squeeze(1) < vocab, kept.sum(dim=-1), probs.sum(dim=-1))
+        kept = kept / mass.unsqueeze(1)
+        # top-p over what top-k kept: the smallest prefix reaching the mass (at least one)
+        cum = kept.cumsum(dim=-1)
+        drop |= (cum - kept) >= torch.tensor(top_p).unsqueeze(1)
+        if width < vocab:
+            uncovered = (ks.squeeze(1) > width) & (cum[:, -1] < torch.tensor(top_p))
+            if bool(uncovered.any()):  # a flat distribution: the nucleus is wider than guessed
+                return self._filtered_dense(probs, rows)
+        return values.masked_fill(drop, 0.0), order
+
+    def _filtered_dense(self, probs: torch.Tensor, rows: list[SamplingRow]
+                        ) -> tuple[torch.Tensor, None]:
+        """top-k / top-p by a full sort (the general case), as dense probabilities."""
+        top_k = [r.params.top_k for r in rows]
+        top_p = [r.params.top_p for r in rows]
+        vocab = probs.shape[1]
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        ks = torch.tensor([k if k > 0 else vocab for k in top_k]).unsqueeze(1)
+        drop = torch.arange(vocab).unsqueeze(0) >= ks
+        kept = sorted_probs.masked_fill(drop, 0.0)
+        kept = kept / kept.sum(dim=-1, keepdim=True)
+        drop |= (kept.cumsum(dim=-1) - kept) >= torch.tensor(top_p).unsqueeze(1)
+        return torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(drop, 0.0)), None
