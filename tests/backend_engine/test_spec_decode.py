@@ -96,11 +96,13 @@ def test_sampled_tokens_keep_their_distribution_under_speculation(tiny_llm):
 
 
 def test_rejections_and_aborts_leak_no_blocks():
-    llm = LLM("tiny-random", num_kv_blocks=64, speculative_method="ngram",
-              num_speculative_tokens=5, block_size=16)
+    llm = LLM("tiny-random", num_kv_blocks=96, speculative_method="ngram",
+              num_speculative_tokens=5, block_size=16, speculative_max_batch=16)
     engine = llm.engine
-    params = SamplingParams(temperature=1.0, top_k=3, max_tokens=60, seed=1, ignore_eos=True)
-    engine.add_request("keep", [5, 6, 7, 8] * 10, params)
+    for seed in range(1, 9):  # sampled continuations of a random model rarely repeat a bigram
+        params = SamplingParams(temperature=1.0, top_k=3, max_tokens=60, seed=seed,
+                                ignore_eos=True)
+        engine.add_request(f"keep{seed}", [5, 6, 7, 8] * 10, params)
     engine.add_request("drop", [9, 10, 11] * 12, params)
     for _ in range(6):
         engine.step()
