@@ -1,0 +1,59 @@
+"""benchmarks.trace_load's pieces, without servers: trace rows become chat prompts whose shared
+hash ids are shared token prefixes (so the trace's prefix reuse survives the text), and the
+report counts finished requests, goodput and rates as the issue defines them."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from backend_engine.model_loader import resolve_model
+from benchmarks.serve_bench_client import RequestResult
+from benchmarks.trace_load_report import SLO, figures
+from benchmarks.trace_load_workload import read_rows, single_token_words, trace_jobs, trace_path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(resolve_model("default").folder)
+
+
+def test_shared_hash_ids_are_shared_token_prefixes(tokenizer):
+    words = single_token_words(tokenizer)
+    path = trace_path("conversation")
+    rows = read_rows(path, 60)
+    jobs = trace_jobs(path, 60, 3.0, words)
+    assert [j.arrival for j in jobs] == pytest.approx([r["timestamp"] / 3000.0 for r in rows])
+    encoded = [tokenizer.encode(" " + j.stages[0][0].prompt, add_special_tokens=False)
+               for j in jobs]
+    for row, tokens in zip(rows, encoded):
+        assert len(tokens) == row["input_length"]  # one token per word
+    checked = 0
+    for a in range(len(rows)):
+        for b in range(a):
+            ha, hb = rows[a]["hash_ids"], rows[b]["hash_ids"]
+            shared = next((i for i, (x, y) in enumerate(zip(ha, hb)) if x != y), min(len(ha), len(hb)))
+            if shared and min(len(ha), len(hb)) > shared:
+                same = 16 * shared
+                assert encoded[a][:same] == encoded[b][:same]
+                assert encoded[a][same:same + 16] != encoded[b][same:same + 16]
+                checked += 1
+    assert checked > 10
+
+
+def test_goodput_needs_both_the_ttft_and_the_mean_itl_bound():
+    def done(ttft, e2e, tokens):
+        return RequestResult("g", 0.0, ok=True, ttft=ttft, e2e=e2e, completion_tokens=tokens,
+                             prompt_tokens=100, cached_tokens=25,
+                             token_times=[ttft + i * (e2e - ttft) / max(1, tokens - 1)
+                                          for i in range(tokens)])
+    results = [done(1.0, 11.0, 101),  # mean ITL 100 ms: good
+               done(12.0, 13.0, 11),  # TTFT over 10 s
+               done(2.0, 52.0, 101),  # mean ITL 500 ms
+               done(0.5, 0.5, 1),  # one token: no ITL to hold against it
+               RequestResult("g", 0.0, error="cut off at the end of the window")]
+    f = figures("x", results, window_s=60.0, slo=SLO())
+    assert (f.requests, f.finished, f.goodput) == (5, 4, 2)
+    assert f.cached_ratio == 0.25
+    assert f.errors == {"cut off at the end of the window": 1}
+    assert f.out_tok_s == pytest.approx((101 + 11 + 101 + 1) / 52.0, abs=0.01)
