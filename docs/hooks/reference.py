@@ -33,44 +33,40 @@ _WIDTH = 80  # usage lines are wrapped the same on every machine
 @dataclass(frozen=True)
 class ConfigSource:
     module: str
-    classes: tuple[str, ...]
-    page: str
-    title: str
-    intro: str
+    cls: str
+    page: str = ""  # "" for a dataclass that only lends flags their meanings
+    title: str = ""
+    intro: str = ""
 
 
 @dataclass(frozen=True)
 class CommandPage:
     command: str
     page: str
-    config: ConfigSource  # its config dataclasses: meanings and defaults for flags that give none
+    sources: tuple[ConfigSource, ...]  # meanings and defaults for flags whose help gives none
 
 
 ENGINE_CONFIG = ConfigSource(
-    "backend_engine.config", ("EngineConfig",), "reference/config/engine.md",
-    "EngineConfig",
+    "backend_engine.config", "EngineConfig", "reference/config/engine.md", "EngineConfig",
     "The engine's configuration: the keyword arguments of `LLM(...)` and `EngineConfig(...)`, "
     "which `kvgate engine` fills from its flags.")
-SERVER_SETTINGS = ConfigSource("backend_engine.server.settings", ("ServerSettings",), "", "", "")
+SERVER_SETTINGS = ConfigSource("backend_engine.server.settings", "ServerSettings")
 GATEWAY_CONFIG = ConfigSource(
-    "gateway.config", ("GatewayConfig",), "reference/config/gateway.md",
-    "Gateway config file",
+    "gateway.config", "GatewayConfig", "reference/config/gateway.md", "Gateway config file",
     "The keys of `kvgate gateway --config FILE` (YAML or JSON). Later sources win: the file, "
     "then the environment, then flags. The entries of `api_keys` are described in "
     "[Keys, limits and tenants](../../gateway/keys-and-tenants.md).")
 UP_CONFIG = ConfigSource(
-    "kvgate.launcher.config", ("UpConfig",), "reference/config/up.md",
-    "`kvgate up` config file",
+    "kvgate.launcher.config", "UpConfig", "reference/config/up.md", "`kvgate up` config file",
     "The keys of `kvgate up --config FILE` (YAML). Flags typed on the command line win over the "
     "file, which wins over the defaults; an unknown key is an error that names it. See "
     "[kvgate up](../../running/kvgate-up.md).")
-CONFIGS = (ENGINE_CONFIG, GATEWAY_CONFIG, UP_CONFIG)
 COMMANDS = (
-    CommandPage("engine", "reference/cli/engine.md", ENGINE_CONFIG),
-    CommandPage("gateway", "reference/cli/gateway.md", GATEWAY_CONFIG),
-    CommandPage("up", "reference/cli/up.md", UP_CONFIG),
+    CommandPage("engine", "reference/cli/engine.md", (ENGINE_CONFIG, SERVER_SETTINGS)),
+    CommandPage("gateway", "reference/cli/gateway.md", (GATEWAY_CONFIG,)),
+    CommandPage("up", "reference/cli/up.md", (UP_CONFIG,)),
 )
-_EXTRA_SOURCES = {"engine": (SERVER_SETTINGS,)}
+PLOTS = ROOT / "benchmarks" / "results"
 
 
 # --- config dataclasses ---------------------------------------------------------------------
@@ -104,30 +100,25 @@ def _field_comments(cls: type) -> dict[str, str]:
 
 
 def config_keys(source: ConfigSource) -> list[Key]:
-    module = importlib.import_module(source.module)
+    cls = getattr(importlib.import_module(source.module), source.cls)
+    comments = _field_comments(cls)
     keys = []
-    for cls_name in source.classes:
-        cls = getattr(module, cls_name)
-        comments = _field_comments(cls)
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING:
-                default = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                default = f.default_factory()
-            else:
-                default = dataclasses.MISSING
-            keys.append(Key(f.name, str(f.type), default, comments.get(f.name, "")))
+    for f in dataclasses.fields(cls):
+        default = f.default
+        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        keys.append(Key(f.name, str(f.type), default, comments.get(f.name, "")))
     return keys
 
 
 # --- argparse -------------------------------------------------------------------------------
 
-def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
+def subcommands() -> argparse._SubParsersAction:
     from kvgate.cli import build_parser
 
     for action in build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
+            return action
     raise RuntimeError("kvgate.cli.build_parser() has no subcommands")
 
 
@@ -174,11 +165,16 @@ def _value(value: object) -> str:
     return f"`{value}`" if value != "" else '`""`'
 
 
-def _flag_meaning(action: argparse.Action, group_note: str, fallback: str) -> str:
-    parts = [_sentence(action.help or fallback)]
+def help_text(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The help as `--help` prints it (`%(default)s` and friends expanded)."""
+    return _formatter(parser)._expand_help(action) if action.help else ""
+
+
+def _flag_meaning(help_: str, action: argparse.Action, group_note: str, fallback: str) -> str:
+    parts = [_sentence(help_ or fallback)]
     if action.choices:
         parts.append("One of: " + ", ".join(f"`{c}`" for c in action.choices) + ".")
-    if isinstance(action, argparse._AppendAction) and "repeat" not in (action.help or "").lower():
+    if isinstance(action, argparse._AppendAction) and "repeat" not in help_.lower():
         parts.append("Repeat the flag for more.")
     if group_note:
         parts.append(group_note)
@@ -192,8 +188,7 @@ def _config_names(dest: str) -> tuple[str, ...]:
 
 
 def command_page(spec: CommandPage, parser: argparse.ArgumentParser, summary: str) -> str:
-    keys = {k.name: k for src in (spec.config, *_EXTRA_SOURCES.get(spec.command, ()))
-            for k in config_keys(src)}
+    keys = {k.name: k for source in spec.sources for k in config_keys(source)}
     exclusive = {}
     for group in parser._mutually_exclusive_groups:
         names = [a.option_strings[0] for a in group._group_actions]
@@ -201,8 +196,8 @@ def command_page(spec: CommandPage, parser: argparse.ArgumentParser, summary: st
             exclusive[a.dest] = "Give at most one of " + ", ".join(f"`{n}`" for n in names) + "."
     out = [f"# `kvgate {spec.command}`\n",
            f"{summary[:1].upper() + summary[1:]}.\n" if summary else "",
-           "Generated at build time from the command's argparse parser (`kvgate/cli.py`, "
-           "`build_parser()`); `kvgate " + spec.command + " --help` prints the same.\n",
+           "Generated at build time from the command's argparse parser "
+           "(`kvgate.cli.build_parser()`); `kvgate " + spec.command + " --help` prints the same.\n",
            "```text\n" + usage(parser) + "\n```\n"]
     for group in parser._action_groups:
         actions = [a for a in group._group_actions
@@ -218,50 +213,44 @@ def command_page(spec: CommandPage, parser: argparse.ArgumentParser, summary: st
             default = a.default
             if default is None and key is not None and key.name == a.dest:
                 default = key.default
-            meaning = _flag_meaning(a, exclusive.get(a.dest, ""), key.meaning if key else "")
+            meaning = _flag_meaning(help_text(parser, a), a, exclusive.get(a.dest, ""),
+                                    key.meaning if key else "")
             shown = ("on" if default else "off") if a.nargs == 0 else _value(default)
             out.append(f"| `{flag_spelling(parser, a)}` | {shown} | {meaning} |")
         out.append("")
-    return "\n".join(line for line in out if line is not None)
+    return "\n".join(out)
 
 
-def config_page(source: ConfigSource, parser: argparse.ArgumentParser | None) -> str:
+def config_page(source: ConfigSource, parser: argparse.ArgumentParser) -> str:
     flags: dict[str, argparse.Action] = {}
-    if parser is not None:
-        for a in parser._actions:
-            if a.option_strings and not isinstance(a, argparse._HelpAction):
-                flags.update({name: a for name in _config_names(a.dest)})
+    for a in parser._actions:
+        if a.option_strings and not isinstance(a, argparse._HelpAction):
+            flags.update({name: a for name in _config_names(a.dest)})
     module_path = source.module.replace(".", "/") + ".py"
     out = [f"# {source.title}\n", source.intro + "\n",
-           f"Generated at build time from `{', '.join(source.classes)}` in `{module_path}` "
+           f"Generated at build time from `{source.cls}` in `{module_path}` "
            "and the comments beside its fields.\n",
            "| key | type | default | flag | meaning |\n|---|---|---|---|---|"]
     for k in config_keys(source):
         action = flags.get(k.name)
         flag = f"`{action.option_strings[0]}`" if action else ""
-        meaning = k.meaning or (action.help if action and action.help else "")
+        meaning = _sentence(k.meaning or (help_text(parser, action) if action else ""))
         out.append(f"| `{k.name}` | `{k.type}` | {_value(k.default)} | {flag} | {_cell(meaning)} |")
     return "\n".join(out) + "\n"
 
 
 def pages() -> dict[str, str]:
     """Every generated page: docs path -> Markdown."""
-    parsers = subcommand_parsers()
-    summaries = {}
-    from kvgate.cli import build_parser
-
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            summaries = {c.dest: c.help or "" for c in action._choices_actions}
-    out = {spec.page: command_page(spec, parsers[spec.command], summaries.get(spec.command, ""))
-           for spec in COMMANDS}
-    by_config = {spec.config.module: parsers[spec.command] for spec in COMMANDS}
-    for source in CONFIGS:
-        out[source.page] = config_page(source, by_config.get(source.module))
+    sub = subcommands()
+    summaries = {choice.dest: choice.help or "" for choice in sub._choices_actions}
+    out = {}
+    for spec in COMMANDS:
+        parser = sub.choices[spec.command]
+        out[spec.page] = command_page(spec, parser, summaries.get(spec.command, ""))
+        for source in spec.sources:
+            if source.page:
+                out[source.page] = config_page(source, parser)
     return out
-
-
-PLOTS = ROOT / "benchmarks" / "results"
 
 
 # --- the MkDocs hook ------------------------------------------------------------------------
