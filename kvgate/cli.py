@@ -180,8 +180,8 @@ class _KvEventsForReplica(argparse.Action):
 def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replica", action="append", default=[], metavar="URL", help="a replica's base URL (repeat for each)")
     p.add_argument("--kv-events", action=_KvEventsForReplica, default={}, metavar="SPEC",
-                   help="after --replica URL: that replica's ZMQ KV events (vLLM, SGLang, kvgate "
-                        "--kv-events-config), tcp://HOST:5557[,replay=tcp://HOST:5558][,topic=T][,dp_size=N]")
+                   help="after --replica URL: that replica's ZMQ KV events (vLLM, SGLang, or kvgate replicas "
+                        "publishing them), tcp://HOST:5557[,replay=tcp://HOST:5558][,topic=T][,dp_size=N]")
     p.add_argument("--config", default=None, metavar="FILE", help="YAML/JSON config file (keys, limits, tokenizers, …)")
     p.add_argument("--redis-url", default=None, help="share routing state, keys and rate limits through Redis")
     p.add_argument("--policy", default=None, help="routing policy (kvgate, round_robin, least_load, …)")

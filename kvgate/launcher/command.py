@@ -33,7 +33,7 @@ class _TypedTrue(_Typed):
 
 
 def add_up_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="YAML file with any of the keys below (see the README, section Running kvgate)")
+    p.add_argument("--config", default=None, help="YAML file with any of the config keys (docs: reference/config/up.md); flags win over it")
     p.add_argument("--replicas", type=int, action=_Typed, default=None,
                    help="engine replicas (default: one per GPU, else 2)")
     p.add_argument("--gateways", type=int, action=_Typed, default=1, help="gateways (0: replicas only)")

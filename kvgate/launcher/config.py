@@ -24,28 +24,28 @@ class ConfigError(ValueError):
 
 @dataclass(slots=True)
 class UpConfig:
-    model: str = "default"
+    model: str = "default"  # every replica's model: "default" (SmolLM2-135M-Instruct), an HF folder, a .gguf file, "tiny-random"
     replicas: int | None = None  # None: one per GPU when GPUs exist, else 2
     gateways: int = 1  # 0: replicas only (base_url is replica 1)
     redis: bool = False  # start a local redis-server even for one gateway
     redis_url: str | None = None  # use this Redis instead of starting one
     policy: str | None = None  # None: the gateway's default
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # interface every child binds
     port: int = 8000  # first gateway; the rest follow, then the replicas
     device: str = "auto"  # auto: cuda when `nvidia-smi -L` lists GPUs
     num_threads: int | None = None  # per CPU process; None: max(1, cores // (replicas × tensor_parallel_size))
     tensor_parallel_size: int = 1  # processes (CPU) or GPUs each replica spans
-    speculative_method: str | None = None
+    speculative_method: str | None = None  # "ngram" or "draft" on every replica
     admin_key: str | None = None  # None: one is generated per run and printed
     api_key: str | None = None  # user key for /v1/*; generated when gateways share Redis
-    engine: dict[str, Any] = field(default_factory=dict)  # extra `kvgate engine` flags
-    gateway: dict[str, Any] = field(default_factory=dict)  # extra `kvgate gateway` flags
+    engine: dict[str, Any] = field(default_factory=dict)  # more `kvgate engine` flags for every replica, by name: {num_kv_blocks: 2048}; true adds a bare flag
+    gateway: dict[str, Any] = field(default_factory=dict)  # more `kvgate gateway` flags for every gateway, e.g. {config: gw.yaml, max_in_flight: 8}
     health_timeout_s: float = 600.0  # start-up: first model load may dequantise (~15 s on CPU)
     shutdown_grace_s: float = 15.0  # SIGTERM → SIGKILL
     restart_backoff_s: float = 1.0  # first restart delay; doubles per crash in a row
-    restart_backoff_max_s: float = 30.0
+    restart_backoff_max_s: float = 30.0  # longest restart delay; the backoff resets after 30 s healthy
     log_dir: str | None = None  # None: a fresh temporary folder
-    log_level: str = "info"
+    log_level: str = "info"  # the children's log level
 
     def validate(self) -> None:
         if self.replicas is not None and self.replicas < 1:
