@@ -15,6 +15,7 @@ from backend_engine.chat import render_chat
 from backend_engine.config import EngineConfig
 from backend_engine.engine import LLMEngine
 from backend_engine.errors import EngineDeadError, EngineOverloadedError
+from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.outputs import RequestOutput
 from backend_engine.pins import Pin
 from backend_engine.sampling_params import SamplingParams
@@ -41,6 +42,7 @@ class AsyncLLMEngine:
         self._num_submitted = 0
         self._num_picked = 0
         self._load = self.engine.load()  # refreshed by the engine thread after every step
+        self.engine.wake = self._wake.set  # KV-transfer threads post work to the engine thread
 
     # -- facts about the model --------------------------------------------------------------
     @property
@@ -86,6 +88,7 @@ class AsyncLLMEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
             self._thread = None
+        await asyncio.to_thread(self.engine.close)
 
     @property
     def is_running(self) -> bool:
@@ -95,11 +98,16 @@ class AsyncLLMEngine:
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, cache_salt: str | None = None,
                        prompt: str | None = None, pin: Pin | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; `priority`: lower is served earlier (vLLM's)."""
+                       priority: int = 0,
+                       kv_transfer: RemoteDecode | RemotePrefill | None = None
+                       ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; `priority`: lower is served earlier (vLLM's);
+        `kv_transfer`: this is one half of a prefill/decode pair (see LLMEngine.add_request)."""
         if self.dead is not None:
             raise EngineDeadError("the engine stopped after an internal error")
         self.engine.check_request(prompt_token_ids, params, cache_salt, priority)
+        check_kv_transfer(kv_transfer, params, self.engine.hf_config.vocab_size,
+                          self.engine.kv_connector)
         limit = self.config.max_waiting
         if limit is not None and self.num_waiting() >= limit:
             raise EngineOverloadedError("the waiting queue is full; retry later")
@@ -108,7 +116,7 @@ class AsyncLLMEngine:
         self._streams[request_id] = (loop, stream)
         self._num_submitted += 1
         self._commands.put(("add", request_id, list(prompt_token_ids), params, cache_salt,
-                            prompt, pin, priority))
+                            prompt, pin, priority, kv_transfer))
         self._wake.set()
         finished = False
         try:
@@ -179,6 +187,7 @@ class AsyncLLMEngine:
             while not self._stopping:
                 self._apply_commands()
                 if not self.engine.has_unfinished_requests():
+                    self.engine.housekeeping()  # KV-transfer work also arrives while idle
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                     continue
@@ -204,13 +213,13 @@ class AsyncLLMEngine:
             except queue.Empty:
                 break
             if cmd[0] == "add":
-                _, request_id, tokens, params, salt, prompt, pin, priority = cmd
+                _, request_id, tokens, params, salt, prompt, pin, priority, kv_transfer = cmd
                 self._num_picked += 1
                 if request_id not in self._streams:
                     continue  # aborted before it reached the engine
                 try:
                     self.engine.add_request(request_id, tokens, params, salt, prompt, pin=pin,
-                                            priority=priority)
+                                            priority=priority, kv_transfer=kv_transfer)
                 except Exception as exc:
                     self._deliver(request_id, exc)
             elif cmd[0] == "call":
