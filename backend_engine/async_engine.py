@@ -138,6 +138,12 @@ class AsyncLLMEngine:
         self._commands.put(("abort", request_id))
         self._wake.set()
 
+    async def abort_kv_transfer(self, transfer_id: str) -> None:
+        """Stop sending a prefill's blocks (its client left); a no-op once it has ended."""
+        connector = self.engine.kv_connector
+        if connector is not None and connector.sender is not None:
+            connector.sender.abort(transfer_id, "the prefill's client left")
+
     # -- pinned prefixes -----------------------------------------------------------------------
     async def pin(self, pin_id: str, token_ids: list[int], cache_salt: str | None = None,
                   excerpt: str = "") -> dict:
@@ -271,7 +277,16 @@ class AsyncLLMEngine:
         seq = self.engine.pool.event_seq  # before the blocks: replaying later events is idempotent
         return {"seq": seq, "block_size": self.block_size,
                 "namespace_rule": NAMESPACE_RULE, "model": self.model_id,
-                "blocks": self.engine.pool.cached_hashes(), "load": self.load()}
+                "blocks": self.engine.pool.cached_hashes(), "load": self.load(),
+                **self.kv_transfer_info()}
+
+    def kv_transfer_info(self) -> dict:
+        """The replica's P/D role and, for a decode replica, where prefill replicas send to."""
+        connector = self.engine.kv_connector
+        info = {"role": self.config.kv_role}
+        if connector is not None and connector.receiver is not None:
+            info["kv_transfer_address"] = connector.receiver.address
+        return info
 
     @property
     def kv_event_seq(self) -> int:
@@ -312,3 +327,7 @@ class AsyncLLMEngine:
 
     def drain_ttft_by_priority(self) -> list[tuple[int, float]]:
         return self.engine.stats.drain_ttft_by_priority()
+
+    def drain_kv_transfer_seconds(self) -> list[float]:
+        connector = self.engine.kv_connector
+        return connector.drain_seconds() if connector is not None else []

@@ -107,6 +107,11 @@ class KVConnector(SenderEvents, ReceiverEvents):
                        transfers=dict(self.sent.transfers))
         return out
 
+    def drain_seconds(self) -> list[float]:
+        """Per-transfer durations since the last call (for the metrics histogram)."""
+        out, self.sent.seconds = self.sent.seconds, []
+        return out
+
     def shutdown(self) -> None:
         for transport in (self.sender, self.receiver):
             if transport is not None:
