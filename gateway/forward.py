@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 from starlette.responses import Response
 
-from gateway.replicas import Replica
+from gateway.replicas import Replica, role_exclusions
 from gateway.state import GatewayState
 from gateway.stats import DecisionRecord
 from gateway.upstream import UpstreamFailure, UsageScanner, open_until_down, usage_of
@@ -38,15 +38,18 @@ class RoutedRequest:
     prompt_tokens: int
     started: float  # perf_counter at arrival
     priority: int = 0  # effective: the request's, else its key's default
+    single_prompt: bool = True  # False: a completions request with several prompts (no P/D)
 
 
 def _exclusions(state: GatewayState, model: str, tried: set[str]) -> set[str]:
     return {name for name, r in state.replicas.items()
-            if name in tried or model not in r.models or not r.routable()}
+            if name in tried or model not in r.models or not r.routable()} \
+        | role_exclusions(list(state.replicas.values()), model, tried)
 
 
-async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
-    tried: set[str] = set()
+async def forward(state: GatewayState, routed: RoutedRequest, tried: set[str] | None = None) -> Response:
+    """`tried`: replicas that already failed this request (a P/D attempt before this one)."""
+    tried = set(tried or ())
     last: UpstreamFailure | None = None
     config = state.config
     for attempt in range(1, config.max_attempts + 1):
@@ -167,7 +170,9 @@ def _finish_request(state: GatewayState, routed: RoutedRequest, replica: Replica
 
 async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica,
                     decision: Decision, record: DecisionRecord,
-                    upstream: httpx.Response, lease: asyncio.Task | None) -> Response:
+                    upstream: httpx.Response, lease: asyncio.Task | None,
+                    usage_replica: Replica | None = None) -> Response:
+    """`usage_replica`: whose cache the usage's cached tokens count (a pair's prefill side)."""
     try:
         content = await upstream.aread()
     except httpx.HTTPError as exc:
@@ -185,7 +190,7 @@ async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica
     state.priorities.record_ttft(routed.priority, elapsed)
     if upstream.status_code == 200:
         try:
-            _observe_usage(state, replica, record, usage_of(json.loads(content)))
+            _observe_usage(state, usage_replica or replica, record, usage_of(json.loads(content)))
         except ValueError:
             pass
     return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"),
@@ -193,7 +198,8 @@ async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica
 
 
 def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decision: Decision,
-            record: DecisionRecord, upstream: httpx.Response, lease: asyncio.Task | None) -> Response:
+            record: DecisionRecord, upstream: httpx.Response, lease: asyncio.Task | None,
+            usage_replica: Replica | None = None) -> Response:
     scanner = UsageScanner()
 
     async def relay() -> AsyncIterator[bytes]:
@@ -219,7 +225,7 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
     async def on_close() -> None:
         await upstream.aclose()
         await _release(state, decision, lease)
-        _observe_usage(state, replica, record, scanner.usage)
+        _observe_usage(state, usage_replica or replica, record, scanner.usage)
         _finish_request(state, routed, replica, record, 200)
 
     return EventStreamResponse(relay(), headers={REPLICA_HEADER: replica.name}, on_close=on_close)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,8 +68,7 @@ class TcpKVReceiver(KVReceiver):
         else:
             port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.port = port
-        reach = "127.0.0.1" if host in ("0.0.0.0", "::", "*", "") else host
-        self._address = advertise or f"tcp://{reach}:{port}"
+        self._address = advertise or f"tcp://{_reachable(host)}:{port}"
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -268,3 +268,13 @@ class TcpKVReceiver(KVReceiver):
             self._sock.send_multipart([peer, wire.encode(message)], zmq.NOBLOCK)
         except zmq.ZMQError:  # the peer is gone or not reading: its own timeout covers it
             pass
+
+
+def _reachable(host: str) -> str:
+    """The address peers dial for a bind host; for a wildcard, this machine's own address."""
+    if host not in ("0.0.0.0", "::", "*", ""):
+        return host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
