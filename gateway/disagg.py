@@ -82,6 +82,7 @@ async def _attempt(state: GatewayState, routed: RoutedRequest, attempt: int, pai
             answer = await _prefill_half(state, routed, pick, d, record, paired, tried)
             if not isinstance(answer, dict):
                 await state.shared.finish(pick.decode.request_id)
+                state.router.index.unpredict(d.name, routed.hashes)  # the blocks never came
                 return answer
             decode_body = _decode_body(routed.body, answer)
         d.breaker.on_dispatch()

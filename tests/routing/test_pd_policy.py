@@ -104,3 +104,15 @@ def test_router_follows_the_pair_for_a_sibling_and_excludes_tried_replicas():
     other = r.route_pd(hashes, PROMPT, "c", ["p1", "p2"], ["d1", "d2"],
                        exclude=[first.decode.replica])
     assert other.decode.replica != first.decode.replica and not other.bypass
+
+
+def test_a_failed_transfer_withdraws_the_decode_replicas_predicted_blocks():
+    r = _router()
+    hashes = block_hashes(list(range(9000, 9000 + PROMPT)), "m")
+    pick = r.route_pd(hashes, PROMPT, "a", ["p1"], ["d1"])
+    r.finish("a-p")
+    r.finish("a-d")
+    r.index.unpredict("d1", hashes)
+    assert r.index.match(hashes).get("d1", 0) == 0
+    assert r.index.match(hashes)["p1"] == PROMPT // 16  # the prefill side did compute them
+    assert not r.route_pd(hashes, PROMPT, "b", ["p1"], ["d1"]).bypass
