@@ -12,7 +12,8 @@ import yaml
 
 # Flags `kvgate up` sets on every replica/gateway itself; setting them under `engine:` or
 # `gateway:` would silently break the port layout or the thread split, so they are refused.
-_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key"}
+_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key",
+                         "role", "kv_transfer_port", "kv_transfer_host"}
 _MANAGED_GATEWAY_FLAGS = {"host", "port", "replica", "redis_url", "policy", "admin_key", "api_key"}
 _DEVICES = ("auto", "cpu", "cuda")
 
@@ -24,7 +25,9 @@ class ConfigError(ValueError):
 @dataclass(slots=True)
 class UpConfig:
     model: str = "default"
-    replicas: int | None = None  # None: one per GPU when GPUs exist, else 2
+    replicas: int | None = None  # None: one per GPU when GPUs exist, else 2 (0 with P/D replicas)
+    prefill_replicas: int = 0  # replicas that prefill and send KV blocks (--role prefill)
+    decode_replicas: int = 0  # replicas that receive KV blocks and decode (--role decode)
     gateways: int = 1  # 0: replicas only (base_url is replica 1)
     redis: bool = False  # start a local redis-server even for one gateway
     redis_url: str | None = None  # use this Redis instead of starting one
@@ -46,7 +49,14 @@ class UpConfig:
     log_level: str = "info"
 
     def validate(self) -> None:
-        if self.replicas is not None and self.replicas < 1:
+        if self.prefill_replicas < 0 or self.decode_replicas < 0:
+            raise ConfigError("prefill_replicas and decode_replicas must be 0 or more")
+        if bool(self.prefill_replicas) != bool(self.decode_replicas):
+            raise ConfigError("prefill/decode disaggregation needs at least one prefill and one "
+                              "decode replica (prefill_replicas and decode_replicas)")
+        if self.decode_replicas and self.gateways < 1:
+            raise ConfigError("prefill/decode pairs are formed by the gateway: gateways must be at least 1")
+        if self.replicas is not None and self.replicas < (0 if self.decode_replicas else 1):
             raise ConfigError("replicas must be at least 1")
         if self.gateways < 0:
             raise ConfigError("gateways must be 0 or more")
@@ -109,7 +119,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-_INTS = ("replicas", "gateways", "port", "num_threads")
+_INTS = ("replicas", "prefill_replicas", "decode_replicas", "gateways", "port", "num_threads")
 _FLOATS = ("health_timeout_s", "shutdown_grace_s", "restart_backoff_s", "restart_backoff_max_s")
 
 
