@@ -48,7 +48,8 @@ def check_kv_transfer(kv_transfer: RemoteDecode | RemotePrefill | None, params, 
                                   code="wrong_role")
     if isinstance(kv_transfer, RemotePrefill):
         tokens = kv_transfer.first_tokens
-        if len(tokens) != params.n or any(not 0 <= t.token_id < vocab_size for t in tokens):
+        ids = [t.token_id for t in tokens] + [i for t in tokens for i, _ in t.top]
+        if len(tokens) != params.n or any(not 0 <= i < vocab_size for i in ids):
             raise InvalidRequestError(f"kv_transfer_params needs one first token per sample "
                                       f"(n={params.n}), each in [0, {vocab_size})",
                                       param="kv_transfer_params", code="invalid_value")

@@ -25,12 +25,12 @@ class _Strict(BaseModel):
 
 class TopToken(_Strict):
     token_id: int = Field(ge=0)
-    logprob: float
+    logprob: float = Field(le=0.0, allow_inf_nan=False)
 
 
 class FirstTokenParam(_Strict):
     token_id: int = Field(ge=0)
-    logprob: float | None = None
+    logprob: float | None = Field(default=None, le=0.0, allow_inf_nan=False)
     top_logprobs: list[TopToken] | None = Field(default=None, max_length=20)
 
 

@@ -18,13 +18,14 @@ def cluster():
     prefill = procs.replica(None, "--role", "prefill", "--kv-transfer-timeout", "2")
     decode = procs.replica(None, "--role", "decode", "--kv-transfer-timeout", "2")
     both = procs.replica()
-    procs.start_all([prefill, decode, both])
-    gw = procs.gateway([prefill.url, decode.url, both.url]).start()
+    gw = procs.gateway([prefill.url, decode.url, both.url])
     names = {"prefill": prefill.url.split("//")[1], "decode": decode.url.split("//")[1],
              "both": both.url.split("//")[1]}
-    assert procs.wait_until(lambda: {r["name"]: r["role"] for r in procs.admin(gw, "/replicas").json()["data"]}
-                            == {v: k for k, v in names.items()}, 30)
-    try:
+    try:  # stops every process even when one fails to start
+        procs.start_all([prefill, decode, both])
+        gw.start()
+        assert procs.wait_until(lambda: {r["name"]: r["role"] for r in procs.admin(gw, "/replicas").json()["data"]}
+                                == {v: k for k, v in names.items()}, 30)
         yield gw, both, names
     finally:
         for p in (gw, prefill, decode, both):

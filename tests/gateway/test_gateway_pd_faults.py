@@ -29,10 +29,11 @@ def cluster():
     proxy = FaultProxy(kv_port)
     nodes = {"prefill": procs.replica(None, "--role", "prefill", "--kv-transfer-timeout", TIMEOUT),
              "decode": _decode_proc(kv_port, proxy), "both": procs.replica()}
-    procs.start_all(list(nodes.values()))
-    gw = procs.gateway([p.url for p in nodes.values()]).start()
-    assert procs.wait_until(lambda: _roles(gw) >= {"prefill", "decode", "both"}, 30)
-    try:
+    gw = procs.gateway([p.url for p in nodes.values()])
+    try:  # stops every process even when one fails to start
+        procs.start_all(list(nodes.values()))
+        gw.start()
+        assert procs.wait_until(lambda: _roles(gw) >= {"prefill", "decode", "both"}, 30)
         yield gw, nodes, proxy, kv_port
     finally:
         proxy.close()

@@ -155,3 +155,17 @@ def test_decode_half_with_an_unknown_transfer_computes_the_prompt_itself(replica
     got = httpx.post(replicas["decode"].base_url + "/v1/chat/completions",
                      json=_decode_body(body, answer), timeout=60).json()
     assert got["choices"][0]["message"] == expected["choices"][0]["message"]
+
+
+def test_first_token_logprobs_must_be_finite_and_in_the_vocabulary(replicas):
+    for first in ({"token_id": 5, "logprob": 0.5},
+                  {"token_id": 5, "logprob": -1.0, "top_logprobs": [{"token_id": 10**9, "logprob": -1.0}]}):
+        params = {"do_remote_prefill": True, "transfer_id": "x", "first_tokens": [first]}
+        r = httpx.post(replicas["decode"].base_url + "/v1/chat/completions",
+                       json=_body(logprobs=True, top_logprobs=1, kv_transfer_params=params), timeout=30)
+        assert r.status_code == 400, r.text
+    raw = ('{"model":"tiny-random","messages":[{"role":"user","content":"hi"}],"kv_transfer_params":'
+           '{"do_remote_prefill":true,"transfer_id":"x","first_tokens":[{"token_id":5,"logprob":NaN}]}}')
+    r = httpx.post(replicas["decode"].base_url + "/v1/chat/completions", content=raw,
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400
