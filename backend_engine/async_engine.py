@@ -42,7 +42,8 @@ class AsyncLLMEngine:
         self._num_submitted = 0
         self._num_picked = 0
         self._load = self.engine.load()  # refreshed by the engine thread after every step
-        self.engine.wake = self._wake.set  # KV-transfer threads post work to the engine thread
+        if self.engine.kv_connector is not None:  # its threads post work to the engine thread
+            self.engine.kv_connector.wake = self._wake.set
 
     # -- facts about the model --------------------------------------------------------------
     @property

@@ -6,10 +6,7 @@ async engine drives it from one thread."""
 
 from __future__ import annotations
 
-import logging
-import queue
 import time
-from collections.abc import Callable
 
 import torch
 from transformers import AutoConfig, AutoTokenizer
@@ -33,8 +30,6 @@ from backend_engine.sequence import Sequence
 from backend_engine.spec_decode.controller import SpecController
 from backend_engine.spec_decode.proposers import build_proposer
 from routing.hashing import NAMESPACE_RULE, namespace_for
-
-log = logging.getLogger("kvgate.engine")
 
 
 class LLMEngine:
@@ -61,14 +56,12 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.proposer = build_proposer(config, self.hf_config.vocab_size, self.max_model_len)
         self.spec = SpecController(config.speculative_max_batch) if self.proposer else None
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # work other threads post (post())
-        self.wake: Callable[[], None] = lambda: None  # the async engine wakes its loop with it
         self.kv_connector = None
         if config.kv_role != "both":  # prefill/decode disaggregation
             from backend_engine.kv_transfer.connector import KVConnector
 
             self.kv_connector = KVConnector(config, self.pool, self.runner.kv_caches,
-                                            self.model_id, self.post)
+                                            self.model_id)
         self._resumed: list[RequestState] = []  # decode side: first tokens came with the request
 
     def _max_model_len(self, config: EngineConfig) -> int:
@@ -200,23 +193,8 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    # -- prefill/decode disaggregation -----------------------------------------------------
-    def post(self, fn: Callable[[], None]) -> None:
-        """Run fn on the engine thread before its next step (any thread may call this)."""
-        self.inbox.put(fn)
-        self.wake()
-
     def housekeeping(self) -> None:
-        """Run posted work and expire KV-transfer holds; also called while idle."""
-        while True:
-            try:
-                fn = self.inbox.get_nowait()
-            except queue.Empty:
-                break
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - one bad callback must not stop the engine
-                log.exception("posted engine work failed")
+        """KV-transfer work posted by its threads, and expiry of its holds; also while idle."""
         if self.kv_connector is not None:
             self.kv_connector.housekeeping()
 

@@ -151,9 +151,9 @@ def fmt(s: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
-    ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per cluster")
-    ap.add_argument("--chat-rate", type=float, default=0.5, help="chat requests per second")
-    ap.add_argument("--long-rate", type=float, default=0.15, help="long-prompt requests per second")
+    ap.add_argument("--duration", type=float, default=90.0, help="seconds of arrivals per cluster")
+    ap.add_argument("--chat-rate", type=float, default=0.3, help="chat requests per second")
+    ap.add_argument("--long-rate", type=float, default=0.08, help="long-prompt requests per second")
     ap.add_argument("--chat-prompt", type=int, default=96)
     ap.add_argument("--chat-output", type=int, default=64)
     ap.add_argument("--long-prompt", type=int, default=1024)

@@ -24,7 +24,7 @@ class Transfer:
     blocks_needed: int  # what it actually lacked
     blocks_sent: int
     bytes: int
-    seconds: float  # the transfer, prefill side: opening to acknowledgement
+    seconds: float  # what the transfer added: prefill's end to the decode replica's acknowledgement
     prefill_seconds: float  # the whole prefill half, as the gateway saw it
 
 
@@ -49,7 +49,8 @@ class PDStats:
         self._in_flight = Gauge(p + "transfers_in_flight", "Prefill halves (and their KV transfers) under way",
                                 registry=r)
         self._bytes = PromCounter(p + "transfer_bytes_total", "KV bytes moved between replicas", registry=r)
-        self._seconds = Histogram(p + "transfer_seconds", "KV transfer time per request (prefill side)",
+        self._seconds = Histogram(p + "transfer_seconds",
+                                  "KV transfer time a request waited after its prefill",
                                   buckets=TRANSFER_BUCKETS, registry=r)
 
     def decided(self, kind: str) -> None:

@@ -45,14 +45,18 @@ class TransferResult:
     blocks_needed: int = 0  # blocks the decode replica lacked (what it asked for)
     blocks_sent: int = 0
     bytes_sent: int = 0
-    seconds: float = 0.0  # from the first message to the decode replica's acknowledgement
+    # what the transfer added to the request: from the prefill's end (every block offered) to
+    # the decode replica's acknowledgement; blocks computed earlier were sent meanwhile
+    seconds: float = 0.0
+    open_seconds: float = 0.0  # from the opening (request admitted) to the acknowledgement
     error: str | None = None
     error_code: str | None = None  # "rejected", "checksum", "timeout", "aborted", "peer_error"
     finished_at: float = 0.0  # time.monotonic() at the end
 
     def to_dict(self) -> dict:
         return {"blocks_needed": self.blocks_needed, "blocks_sent": self.blocks_sent,
-                "bytes": self.bytes_sent, "seconds": round(self.seconds, 6)}
+                "bytes": self.bytes_sent, "seconds": round(self.seconds, 6),
+                "open_seconds": round(self.open_seconds, 6)}
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ Every method here runs on the engine thread except the transport callbacks (`rel
 from __future__ import annotations
 
 import logging
+import queue
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,13 +44,13 @@ class SendStats:
 
 
 class KVConnector(SenderEvents, ReceiverEvents):
-    def __init__(self, config, pool: BlockPool, kv_caches, model_id: str,  # noqa: ANN001
-                 post: Callable[[Callable[[], None]], None]):
+    def __init__(self, config, pool: BlockPool, kv_caches, model_id: str):  # noqa: ANN001
         from backend_engine.kv_transfer.tcp_receiver import TcpKVReceiver
         from backend_engine.kv_transfer.tcp_sender import TcpKVSender
 
         self.role = config.kv_role
-        self.post = post
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # work the transports post
+        self.wake: Callable[[], None] = lambda: None  # the async engine wakes its loop with it
         io = BlockIO(kv_caches, model_id)
         self.layout = io.layout
         self.sender = self.exports = self.receiver = self.imports = None
@@ -89,6 +90,16 @@ class KVConnector(SenderEvents, ReceiverEvents):
             self.imports.release(blocks)
 
     def housekeeping(self) -> None:
+        """Run what the transports posted, then drop claims nobody took in time."""
+        while True:
+            try:
+                fn = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one bad callback must not stop the engine
+                log.exception("kv-transfer work on the engine thread failed")
         if self.imports is not None:
             self.imports.expire()
 
@@ -118,6 +129,11 @@ class KVConnector(SenderEvents, ReceiverEvents):
                 transport.shutdown()
 
     # -- transport threads: post to the engine thread ---------------------------------------
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run fn on the engine thread before its next step (any thread may call this)."""
+        self._inbox.put(fn)
+        self.wake()
+
     def released(self, transfer_id: str, block_ids: list[int]) -> None:
         self.post(lambda: self.exports.released(transfer_id, block_ids))
 

@@ -39,6 +39,7 @@ class _Out:
     blocks_sent: int = 0
     bytes_sent: int = 0
     closed: bool = False  # every block has been offered
+    closed_at: float | None = None
     ended: bool = False  # `end` sent; waiting for `done`
     last_sent: float = 0.0
 
@@ -148,6 +149,7 @@ class TcpKVSender(KVSender):
                     self.events.released(command[1], [b for _, b in command[2]])
             elif kind == "close" and out is not None:
                 out.closed = True
+                out.closed_at = time.monotonic()
             elif kind == "abort" and out is not None:
                 self._send(out, wire.Abort(out.spec.transfer_id, command[2]))
                 self._finish(out, False, command[2], "aborted")
@@ -267,7 +269,8 @@ class TcpKVSender(KVSender):
             return
         now = time.monotonic()
         result = TransferResult(out.spec.transfer_id, ok, len(out.need or ()), out.blocks_sent,
-                                out.bytes_sent, now - out.started, error, code, now)
+                                out.bytes_sent, now - (out.closed_at or out.started),
+                                now - out.started, error, code, now)
         if not ok:
             log.warning("kv transfer %s to %s failed: %s", out.spec.transfer_id,
                         out.spec.address, error)

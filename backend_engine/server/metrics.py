@@ -157,7 +157,8 @@ class ServerMetrics:
             ["priority"], buckets=TTFT_BUCKETS, registry=r)
         self._priority_labels: set[str] = set()
         self.kv_transfer = Histogram("kvgate_kv_transfer_seconds",
-                                     "KV transfer duration on the prefill side, from opening to acknowledgement.",
+                                     "What a KV transfer added to its request: from the prefill's end to the "
+                                     "decode replica's acknowledgement.",
                                      buckets=KV_TRANSFER_BUCKETS, registry=r)
         self.http = Counter("kvgate_http_requests", "HTTP requests by route and status code.",
                             ["route", "status_code"], registry=r)
