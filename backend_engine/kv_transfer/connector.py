@@ -84,7 +84,10 @@ class KVConnector(SenderEvents, ReceiverEvents):
 
     def on_finish(self, seq: Sequence, reason: str) -> None:
         if self.exports is not None:
-            self.exports.on_finish(seq, reason)
+            unstarted = self.exports.on_finish(seq, reason)
+            if unstarted is not None:
+                self._finished(unstarted, TransferResult(unstarted, False, error="aborted while queued",
+                                                         error_code="aborted"))
         blocks = self._claims.pop(seq.seq_id, None)
         if blocks:
             self.imports.release(blocks)

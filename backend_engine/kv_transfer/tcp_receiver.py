@@ -53,7 +53,7 @@ class ReceiverStats:
 class TcpKVReceiver(KVReceiver):
     def __init__(self, io: BlockIO, events: ReceiverEvents, host: str = "127.0.0.1",
                  port: int = 0, advertise: str | None = None, timeout_s: float = 10.0,
-                 window: int = 4, max_transfers: int = 64):
+                 window: int = 4, max_transfers: int = 16):
         self.io = io
         self.events = events
         self.timeout_s = timeout_s

@@ -2,8 +2,8 @@
 replica, any number of transfers multiplexed over it.
 
 Memory is bounded: a block's data is read out of the KV cache only when it is about to be sent
-(its hold is dropped right after), chunks are at most `chunk_bytes`, and at most `window`
-chunks per transfer wait for the receiver's acknowledgement. A receiver that does not answer
+(its hold is dropped right after), chunks are at most `chunk_bytes`, at most `window` chunks per
+transfer wait for the receiver's acknowledgement, and at most `max_unacked` over all transfers. A receiver that does not answer
 within `timeout_s` fails the transfer; while the prompt is still computing, pings keep the
 receiver from timing out."""
 
@@ -50,8 +50,9 @@ class _Out:
 
 class TcpKVSender(KVSender):
     def __init__(self, io: BlockIO, events: SenderEvents, timeout_s: float = 10.0,
-                 chunk_bytes: int = 4 << 20):
+                 chunk_bytes: int = 4 << 20, max_unacked: int = 16):
         self.io = io
+        self.max_unacked = max_unacked
         self.events = events
         self.timeout_s = timeout_s
         self.chunk_blocks = max(1, chunk_bytes // io.layout.block_bytes)
@@ -220,7 +221,7 @@ class TcpKVSender(KVSender):
         """Send what the window allows; drop blocks the receiver does not need."""
         if out.need is None or out.spec.transfer_id not in self._transfers:
             return
-        while out.pending and out.unacked < out.window:
+        while out.pending and out.unacked < out.window and self._unacked() < self.max_unacked:
             batch, unneeded = [], []
             while out.pending and len(batch) < self.chunk_blocks:
                 index, block_id = out.pending.popleft()
@@ -245,6 +246,9 @@ class TcpKVSender(KVSender):
             out.ended = True
             out.deadline = now + self.timeout_s
             self._send(out, wire.End(out.spec.transfer_id, out.blocks_sent))
+
+    def _unacked(self) -> int:
+        return sum(o.unacked for o in self._transfers.values())
 
     def _check_deadlines(self, now: float) -> None:
         idle: dict[str, list[str]] = {}

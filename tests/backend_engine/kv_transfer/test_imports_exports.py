@@ -147,9 +147,9 @@ def test_exports_offer_computed_prompt_blocks_as_they_complete_and_hold_them():
     exports = KVExports(pool, 16, sender, KVLayout("m", 16, 1, 1, 1, "float32"))
     seq = _prefill_seq(pool, 70)  # four full blocks and a partial one
     exports.begin(seq, RemoteDecode("t", "tcp://x:1"))
-    assert sender.calls[0] == ("start", block_hashes(seq.prompt_token_ids, "m", 16))
     seq.num_computed_tokens = 40  # a first chunk
     exports.on_computed(seq)
+    assert sender.calls[0] == ("start", block_hashes(seq.prompt_token_ids, "m", 16))
     seq.num_computed_tokens = 70
     exports.on_computed(seq)
     assert sender.calls[1:] == [("offer", [0, 1]), ("offer", [2, 3])]
@@ -174,4 +174,17 @@ def test_an_aborted_prefill_aborts_its_transfer():
     assert sender.calls[-1] == ("abort",)
     pool.release(seq.block_table)
     exports.finished("t")
+    assert _all_free(pool)
+
+
+def test_a_transfer_opens_when_its_prefill_starts_computing_not_while_it_queues():
+    pool = BlockPool(32)
+    sender = RecordingSender()
+    exports = KVExports(pool, 16, sender, KVLayout("m", 16, 1, 1, 1, "float32"))
+    seq = _prefill_seq(pool, 40)
+    exports.begin(seq, RemoteDecode("t", "tcp://x:1"))
+    assert sender.calls == []  # queued: the decode replica reserves nothing yet
+    assert exports.on_finish(seq, "abort") == "t"  # aborted while queued: nothing to tell anyone
+    assert sender.calls == []
+    pool.release(seq.block_table)
     assert _all_free(pool)

@@ -211,3 +211,26 @@ def test_an_abort_frees_the_receivers_reservation(prefill, decode):
     sender.abort("t", "the client left")
     assert p.done.wait(5) and p.results["t"].error_code == "aborted"
     assert wait_for(d.all_free)
+
+
+def test_a_sender_bounds_unacknowledged_chunks_over_all_its_transfers():
+    side = PrefillSide()
+    sender = TcpKVSender(BlockIO(kv_caches(0), "m"), side, timeout_s=2.0, chunk_bytes=2048,
+                         max_unacked=1)
+    try:
+        with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as router:
+            port = router.bind_to_random_port("tcp://127.0.0.1")
+            for tid in ("a", "b"):
+                sender.start(SendSpec(tid, f"tcp://127.0.0.1:{port}", HASHES, sender.io.layout))
+                sender.offer(tid, list(enumerate(range(6))))
+            for _ in range(2):
+                peer, header = router.recv_multipart()
+                tid = wire.decode(header).id
+                router.send_multipart([peer, wire.encode(wire.Accept(tid, list(range(6)), 4))])
+            got = []
+            while router.poll(300):
+                got.append(wire.decode(router.recv_multipart()[1]))
+            assert len(got) == 1  # one chunk in flight in all, though each transfer allows four
+            router.close(linger=0)
+    finally:
+        sender.shutdown()
