@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.gateway import procs
+from tests.gateway.test_gateway_dashboard import browser  # noqa: F401 - the fixture
 
 MODEL = procs.MODEL
 
@@ -130,3 +131,22 @@ def test_clients_may_not_send_kv_transfer_params(cluster):
                                           "first_tokens": [{"token_id": 1}]})
     r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params"
+
+
+def test_dashboard_shows_roles_and_the_pd_panel(cluster, browser):
+    gw, _, names = cluster
+    streamed(gw.url, chat(procs.long_system_prompt("dashboard-pd", words=120) + " Go."))
+    page = browser.new_page()
+    page.goto(gw.url + "/admin")
+    page.fill("#key", procs.ADMIN_KEY)
+    page.click("#login-btn")
+    page.wait_for_selector("#pd-panel", state="visible", timeout=15_000)
+    pd = procs.admin(gw, "/pd").json()
+    page.wait_for_function(f"document.getElementById('pd-decisions').textContent.startsWith('{pd['decisions']['pair']} /')",
+                           timeout=10_000)
+    assert page.text_content("#pd-in-flight") == "0"
+    assert page.locator("#pd-transfers tbody tr").count() >= 1
+    for role, name in names.items():
+        assert page.text_content(f'#replicas tr[data-replica="{name}"] td[data-field="role"]') == role
+    assert names["prefill"] + " → " + names["decode"] in page.text_content("#decisions")
+    page.close()
