@@ -91,8 +91,9 @@ class ReceiverEvents(abc.ABC):
         """Hold the blocks already cached, reserve free blocks for the rest."""
 
     @abc.abstractmethod
-    def complete(self, transfer_id: str, received: list[int], reply: Callable[[int], None]) -> None:
-        """Register the received block indexes as cached; reply with how many entered."""
+    def complete(self, transfer_id: str, received: list[int]) -> None:
+        """Register the received block indexes as cached (posted to the engine thread, which
+        runs it before any request it picks up later)."""
 
     @abc.abstractmethod
     def fail(self, transfer_id: str, reason: str) -> None:

@@ -57,6 +57,8 @@ class KVConnector(SenderEvents, ReceiverEvents):
         self.sent = SendStats()
         self._results: dict[str, object] = {}  # transfer id → Future[TransferResult]
         self._claims: dict[str, list[KVBlock]] = {}  # seq id → blocks its transfer left held
+        self._awaiting: dict[str, str] = {}  # transfer id → seq id, for a claim made before
+        # the transfer's completion was applied (the seq takes the blocks when it is)
         if self.role == "prefill":
             self.sender = TcpKVSender(io, self, config.kv_transfer_timeout_s,
                                       config.kv_transfer_chunk_bytes)
@@ -77,6 +79,8 @@ class KVConnector(SenderEvents, ReceiverEvents):
             blocks = self.imports.claim(params.transfer_id)
             if blocks:
                 self._claims[seqs[0].seq_id] = blocks
+            elif self.imports.in_flight_id(params.transfer_id):
+                self._awaiting[params.transfer_id] = seqs[0].seq_id
 
     def on_computed(self, seq: Sequence) -> None:
         if self.exports is not None:
@@ -91,6 +95,8 @@ class KVConnector(SenderEvents, ReceiverEvents):
         blocks = self._claims.pop(seq.seq_id, None)
         if blocks:
             self.imports.release(blocks)
+        for transfer_id in [t for t, s in self._awaiting.items() if s == seq.seq_id]:
+            del self._awaiting[transfer_id]
 
     def housekeeping(self) -> None:
         """Run what the transports posted, then drop claims nobody took in time."""
@@ -154,8 +160,14 @@ class KVConnector(SenderEvents, ReceiverEvents):
                 reply: Callable[[Reservation], None]) -> None:
         self.post(lambda: reply(self.imports.reserve(transfer_id, hashes)))
 
-    def complete(self, transfer_id: str, received: list[int], reply: Callable[[int], None]) -> None:
-        self.post(lambda: reply(self.imports.complete(transfer_id, received)))
+    def complete(self, transfer_id: str, received: list[int]) -> None:
+        self.post(lambda: self._complete(transfer_id, received))
+
+    def _complete(self, transfer_id: str, received: list[int]) -> None:
+        self.imports.complete(transfer_id, received)
+        seq_id = self._awaiting.pop(transfer_id, None)
+        if seq_id is not None:  # its request came first: it takes the holds now
+            self._claims[seq_id] = self.imports.claim(transfer_id) or []
 
     def fail(self, transfer_id: str, reason: str) -> None:
         self.post(lambda: self.imports.fail(transfer_id))

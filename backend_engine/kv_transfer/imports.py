@@ -110,6 +110,10 @@ class KVImports:
         self.release([*(entry.held[i] for i in sorted(entry.held)),
                       *(entry.reserved[i] for i in sorted(entry.reserved))])
 
+    def in_flight_id(self, transfer_id: str) -> bool:
+        """Still open: its completion (or failure) has not been applied yet."""
+        return transfer_id in self._imports
+
     def claim(self, transfer_id: str) -> list[KVBlock] | None:
         """The request that follows a transfer takes over its holds (released at its end)."""
         entry = self._claims.pop(transfer_id, None)

@@ -3,7 +3,8 @@ replica connects to.
 
 A transfer opens with `begin`; the engine thread holds what is cached and reserves blocks for
 the rest, and the answer goes back as `accept` (which blocks to send, how many chunks may be
-unacknowledged). Each block frame is checked against its checksum and written straight into its
+unacknowledged). `end` is acknowledged with `done` at once; the registration it posts to the
+engine thread runs before that thread picks up anything that follows from the acknowledgement. Each block frame is checked against its checksum and written straight into its
 reserved block; one bad checksum fails the whole transfer (nothing enters the cache) and tells
 the sender. A transfer that hears nothing from its sender for `timeout_s` fails the same way, so
 a sender that died never leaves blocks reserved."""
@@ -26,7 +27,7 @@ from backend_engine.kv_transfer.block_io import BlockIO
 
 log = logging.getLogger("kvgate.kv_transfer")
 
-RESERVING, RECEIVING, COMPLETING = "reserving", "receiving", "completing"
+RESERVING, RECEIVING = "reserving", "receiving"
 
 
 @dataclass(slots=True)
@@ -165,10 +166,12 @@ class TcpKVReceiver(KVReceiver):
             if entry.state != RECEIVING:
                 self._fail(entry, "end before the transfer was accepted", "protocol")
                 return
-            entry.state = COMPLETING
-            transfer_id = entry.transfer_id
-            self.events.complete(transfer_id, sorted(entry.received),
-                                 lambda n: self._notify(("completed", transfer_id, n)))
+            # The engine thread registers the blocks before it runs anything the sender's
+            # answer leads to, so the acknowledgement need not wait for it.
+            del self._transfers[entry.transfer_id]
+            self.stats.transfers_completed += 1
+            self.events.complete(entry.transfer_id, sorted(entry.received))
+            self._reply(entry.peer, wire.Done(entry.transfer_id, len(entry.received)))
         elif isinstance(message, wire.Abort):
             if entry.state == RESERVING:
                 entry.aborted = True  # free once the reservation exists
@@ -230,10 +233,6 @@ class TcpKVReceiver(KVReceiver):
                 continue
             if kind == "reserved":
                 self._reserved(entry, value)
-            elif kind == "completed":
-                del self._transfers[transfer_id]
-                self.stats.transfers_completed += 1
-                self._reply(entry.peer, wire.Done(transfer_id, value))
 
     def _reserved(self, entry: _In, reservation: Reservation) -> None:
         if reservation.error is not None:

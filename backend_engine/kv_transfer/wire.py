@@ -64,7 +64,7 @@ class End(msgspec.Struct, tag="end"):
 
 class Done(msgspec.Struct, tag="done"):
     id: str
-    imported: int
+    received: int  # blocks received and verified
 
 
 class Abort(msgspec.Struct, tag="abort"):

@@ -2,6 +2,9 @@
 engine: with and without prefix hits on either side, with chunked prefill, n > 1 and
 speculative decoding on the decode side; and neither side keeps a block afterwards."""
 
+import threading
+import time
+
 import pytest
 
 from backend_engine.async_engine import AsyncLLMEngine
@@ -152,4 +155,34 @@ async def test_first_token_that_ends_the_request_needs_no_decoding(started):
     assert out.logprobs[0].token_id == ref.logprobs[0].token_id
     assert out.logprobs[0].logprob == pytest.approx(ref.logprobs[0].logprob, abs=1e-4)
     assert [t for t, _, _ in out.logprobs[0].top] == [t for t, _, _ in ref.logprobs[0].top]
+    assert settled(e["prefill"], e["decode"])
+
+
+async def test_a_decode_request_that_arrives_before_its_blocks_are_registered(started):
+    e = started
+    connector = e["decode"].engine.kv_connector
+    honest_complete, honest_apply = connector.complete, connector._complete
+    handed_over = []
+
+    def late(transfer_id, received):  # the registration reaches the engine thread late:
+        def when_the_request_is_in():  # only once the request has tried to claim it
+            while transfer_id not in connector._awaiting:
+                time.sleep(0.01)
+            honest_complete(transfer_id, received)
+        threading.Thread(target=when_the_request_is_in, daemon=True).start()
+
+    def apply(transfer_id, received):
+        handed_over.append(transfer_id in connector._awaiting)
+        honest_apply(transfer_id, received)
+
+    connector.complete, connector._complete = late, apply
+    try:
+        tokens = prompt(12, 90)
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        reference = await run(e["both"], tokens, params)
+        result = await pd_generate(e["prefill"], e["decode"], tokens, params)
+    finally:
+        del connector.complete, connector._complete
+    assert result.tokens() == [reference.outputs[0].token_ids]
+    assert handed_over == [True]  # the waiting request took the blocks over
     assert settled(e["prefill"], e["decode"])

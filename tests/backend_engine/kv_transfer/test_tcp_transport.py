@@ -42,9 +42,9 @@ class DecodeSide(ReceiverEvents):
         with self.lock:
             reply(self.imports.reserve(transfer_id, hashes))
 
-    def complete(self, transfer_id, received, reply):
+    def complete(self, transfer_id, received):
         with self.lock:
-            reply(self.imports.complete(transfer_id, received))
+            self.imports.complete(transfer_id, received)
 
     def fail(self, transfer_id, reason):
         with self.lock:
