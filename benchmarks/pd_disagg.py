@@ -4,7 +4,8 @@ Two clusters run the same open-loop workload, one after the other, each behind o
 with one torch thread per replica:
   colocated  2 `both` replicas with chunked prefill (--max-num-batched-tokens, small chunks so
              a long prefill stalls the decodes it shares steps with as little as it can)
-  pd         1 prefill replica (large chunks: it decodes nothing) + 1 decode replica
+  pd         1 prefill replica (256-token chunks: it decodes nothing, and short prompts still
+             get a turn between a long prompt's chunks) + 1 decode replica
 The workload mixes streaming chat decodes (short prompt, long answer: what ITL is about) with
 long-prompt requests (long prefill, short answer: what disturbs them). Reported per cluster:
 decode ITL p50/p99 (gaps between streamed tokens of the chat requests), TTFT p50/p99, goodput
@@ -159,7 +160,7 @@ def main() -> None:
     ap.add_argument("--long-prompt", type=int, default=1024)
     ap.add_argument("--long-output", type=int, default=8)
     ap.add_argument("--chunk-tokens", type=int, default=64, help="colocated (and decode) prefill chunk")
-    ap.add_argument("--prefill-chunk-tokens", type=int, default=1024, help="the prefill replica's chunk")
+    ap.add_argument("--prefill-chunk-tokens", type=int, default=256, help="the prefill replica's chunk")
     ap.add_argument("--num-kv-blocks", type=int, default=512)
     ap.add_argument("--slo-ttft", type=float, default=5.0, help="goodput: TTFT at most this (s)")
     ap.add_argument("--slo-itl", type=float, default=0.25, help="goodput: 95th-percentile ITL at most this (s)")
