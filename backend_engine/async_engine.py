@@ -15,6 +15,7 @@ from backend_engine.chat import render_chat
 from backend_engine.config import EngineConfig
 from backend_engine.engine import LLMEngine
 from backend_engine.errors import EngineDeadError, EngineOverloadedError
+from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.outputs import RequestOutput
 from backend_engine.pins import Pin
 from backend_engine.sampling_params import SamplingParams
@@ -43,6 +44,8 @@ class AsyncLLMEngine:
         self._tokens_submitted = 0  # prompt tokens of those requests, likewise
         self._tokens_picked = 0
         self._load = self.engine.load()  # refreshed by the engine thread after every step
+        if self.engine.kv_connector is not None:  # its threads post work to the engine thread
+            self.engine.kv_connector.wake = self._wake.set
 
     # -- facts about the model --------------------------------------------------------------
     @property
@@ -88,7 +91,7 @@ class AsyncLLMEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
             self._thread = None
-        await asyncio.to_thread(self.engine.shutdown)  # tensor-parallel workers, if any
+        await asyncio.to_thread(self.engine.close)  # KV-transfer threads, tensor-parallel workers
 
     @property
     def is_running(self) -> bool:
@@ -98,11 +101,16 @@ class AsyncLLMEngine:
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, cache_salt: str | None = None,
                        prompt: str | None = None, pin: Pin | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; `priority`: lower is served earlier (vLLM's)."""
+                       priority: int = 0,
+                       kv_transfer: RemoteDecode | RemotePrefill | None = None
+                       ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; `priority`: lower is served earlier (vLLM's);
+        `kv_transfer`: this is one half of a prefill/decode pair (see LLMEngine.add_request)."""
         if self.dead is not None:
             raise EngineDeadError("the engine stopped after an internal error")
         self.engine.check_request(prompt_token_ids, params, cache_salt, priority)
+        check_kv_transfer(kv_transfer, params, self.engine.hf_config.vocab_size,
+                          self.engine.kv_connector)
         limit = self.config.max_waiting
         if limit is not None and self.num_waiting() >= limit:
             raise EngineOverloadedError("the waiting queue is full")
@@ -113,7 +121,7 @@ class AsyncLLMEngine:
         self._num_submitted += 1
         self._tokens_submitted += len(prompt_token_ids) * params.n
         self._commands.put(("add", request_id, list(prompt_token_ids), params, cache_salt,
-                            prompt, pin, priority))
+                            prompt, pin, priority, kv_transfer))
         self._wake.set()
         finished = False
         try:
@@ -134,6 +142,12 @@ class AsyncLLMEngine:
     async def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
         self._wake.set()
+
+    async def abort_kv_transfer(self, transfer_id: str) -> None:
+        """Stop sending a prefill's blocks (its client left); a no-op once it has ended."""
+        connector = self.engine.kv_connector
+        if connector is not None and connector.sender is not None:
+            connector.sender.abort(transfer_id, "the prefill's client left")
 
     # -- pinned prefixes -----------------------------------------------------------------------
     async def pin(self, pin_id: str, token_ids: list[int], cache_salt: str | None = None,
@@ -209,6 +223,7 @@ class AsyncLLMEngine:
                 self.engine.check_health()  # a dead tensor-parallel rank ends the loop
                 self._apply_commands()
                 if not self.engine.has_unfinished_requests():
+                    self.engine.housekeeping()  # KV-transfer work also arrives while idle
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                     continue
@@ -234,14 +249,14 @@ class AsyncLLMEngine:
             except queue.Empty:
                 break
             if cmd[0] == "add":
-                _, request_id, tokens, params, salt, prompt, pin, priority = cmd
+                _, request_id, tokens, params, salt, prompt, pin, priority, kv_transfer = cmd
                 self._num_picked += 1
                 self._tokens_picked += len(tokens) * params.n
                 if request_id not in self._streams:
                     continue  # aborted before it reached the engine
                 try:
                     self.engine.add_request(request_id, tokens, params, salt, prompt, pin=pin,
-                                            priority=priority)
+                                            priority=priority, kv_transfer=kv_transfer)
                 except Exception as exc:
                     self._deliver(request_id, exc)
             elif cmd[0] == "call":
@@ -294,7 +309,16 @@ class AsyncLLMEngine:
         seq = self.engine.pool.event_seq  # before the blocks: replaying later events is idempotent
         return {"seq": seq, "block_size": self.block_size,
                 "namespace_rule": NAMESPACE_RULE, "model": self.model_id,
-                "blocks": self.engine.pool.cached_hashes(), "load": self.load()}
+                "blocks": self.engine.pool.cached_hashes(), "load": self.load(),
+                **self.kv_transfer_info()}
+
+    def kv_transfer_info(self) -> dict:
+        """The replica's P/D role and, for a decode replica, where prefill replicas send to."""
+        connector = self.engine.kv_connector
+        info = {"role": self.config.kv_role}
+        if connector is not None and connector.receiver is not None:
+            info["kv_transfer_address"] = connector.receiver.address
+        return info
 
     @property
     def kv_event_seq(self) -> int:
@@ -335,3 +359,7 @@ class AsyncLLMEngine:
 
     def drain_ttft_by_priority(self) -> list[tuple[int, float]]:
         return self.engine.stats.drain_ttft_by_priority()
+
+    def drain_kv_transfer_seconds(self) -> list[float]:
+        connector = self.engine.kv_connector
+        return connector.drain_seconds() if connector is not None else []

@@ -110,6 +110,14 @@ class BlockPool:
             if block.block_hash is not None:
                 block.hits += 1
 
+    def hold(self, blocks: list[KVBlock]) -> None:
+        """Take a reference without counting a prefix-cache hit (a KV transfer holding blocks
+        while it reads or fills them)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free.remove(block)
+            block.ref_cnt += 1
+
     def release(self, blocks: list[KVBlock]) -> None:
         """Drop a reference; pass a request's blocks tail first so its tail is evicted first."""
         for block in blocks:

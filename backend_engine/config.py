@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCHEDULING_POLICIES = ("priority", "fcfs")
+KV_ROLES = ("both", "prefill", "decode")
 
 
 @dataclass(slots=True)
@@ -39,6 +40,14 @@ class EngineConfig:
     draft_model: str | None = None  # for "draft": any model sharing the target's tokenizer
     speculative_max_batch: int = 4  # speculate only while this many sequences or fewer run
     tensor_parallel_size: int = 1  # processes (one per device) one replica spans
+    # prefill/decode disaggregation (backend_engine/kv_transfer/)
+    kv_role: str = "both"  # "both" | "prefill" (sends KV blocks) | "decode" (receives them)
+    kv_transfer_host: str = "127.0.0.1"  # decode: where the receiver binds
+    kv_transfer_port: int = 0  # decode: the receiver's port (0: any free one)
+    kv_transfer_address: str | None = None  # decode: what peers dial (default tcp://host:port)
+    kv_transfer_timeout_s: float = 10.0  # silence that fails a transfer; claim hold time
+    kv_transfer_chunk_bytes: int = 4 << 20  # prefill: the most block data in one message
+    kv_transfer_window: int = 4  # decode: unacknowledged chunks a sender may have in flight
 
     def validate(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -69,5 +78,14 @@ class EngineConfig:
             raise ValueError("max_queue_delay_s must be positive (or None for no bound)")
         if self.tensor_parallel_size < 1:
             raise ValueError("tensor_parallel_size must be at least 1")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {KV_ROLES}")
+        if self.kv_role == "decode" and not self.enable_prefix_caching:
+            raise ValueError("a decode replica needs prefix caching: imported KV blocks enter "
+                             "the prefix cache")
+        if self.kv_transfer_timeout_s <= 0 or self.kv_transfer_window < 1 \
+                or self.kv_transfer_chunk_bytes < 1 or not 0 <= self.kv_transfer_port <= 65535:
+            raise ValueError("kv_transfer_timeout_s, kv_transfer_window and "
+                             "kv_transfer_chunk_bytes must be positive, kv_transfer_port a port")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")

@@ -7,6 +7,7 @@ async engine drives it from one thread."""
 from __future__ import annotations
 
 import time
+
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
@@ -14,6 +15,7 @@ from backend_engine.block_pool import BlockPool
 from backend_engine.config import EngineConfig
 from backend_engine.errors import ContextLengthExceededError, InvalidRequestError
 from backend_engine.kv_cache_manager import KVCacheManager
+from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.metrics import EngineStats
 from backend_engine.model_loader import check_architecture, resolve_model
 from backend_engine.model_runner import ModelRunner, SeqResult
@@ -73,6 +75,13 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.proposer = build_proposer(config, self.hf_config.vocab_size, self.max_model_len)
         self.spec = SpecController(config.speculative_max_batch) if self.proposer else None
+        self.kv_connector = None
+        if config.kv_role != "both":  # prefill/decode disaggregation
+            from backend_engine.kv_transfer.connector import KVConnector
+
+            self.kv_connector = KVConnector(config, self.pool, self.runner.kv_caches,
+                                            self.model_id)
+        self._resumed: list[RequestState] = []  # decode side: first tokens came with the request
 
     def _step_budget(self, config: EngineConfig) -> StepBudget | None:
         if config.target_itl_ms is None:
@@ -160,12 +169,17 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, prompt: str | None = None,
                     arrival_time: float | None = None, pin: Pin | None = None,
-                    priority: int = 0) -> None:
+                    priority: int = 0,
+                    kv_transfer: RemoteDecode | RemotePrefill | None = None) -> None:
         """Queue a request; with `pin`, it is the prefill that warms that pin's blocks;
-        `priority` follows vLLM: lower values are served first."""
+        `priority` follows vLLM: lower values are served first. `kv_transfer`: the request is
+        the prefill half (RemoteDecode) or the decode half (RemotePrefill) of a P/D pair."""
         if request_id in self.requests:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         max_tokens = self.check_request(prompt_token_ids, params, cache_salt, priority)
+        check_kv_transfer(kv_transfer, params, self.hf_config.vocab_size, self.kv_connector)
+        if isinstance(kv_transfer, RemoteDecode):
+            max_tokens = 1  # the prefill half stops at the first token
         namespace = namespace_for(self.model_id, cache_salt)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         seqs: list[Sequence] = []
@@ -176,10 +190,19 @@ class LLMEngine:
             if params.seed is not None:
                 seq.generator = torch.Generator().manual_seed(params.seed + i)
             seqs.append(seq)
-        self.requests[request_id] = self.outputs.new_state(request_id, prompt_token_ids, params,
-                                                           seqs, arrival, prompt)
+        state = self.outputs.new_state(request_id, prompt_token_ids, params, seqs, arrival,
+                                       prompt)
+        self.requests[request_id] = state
+        if self.kv_connector is not None:
+            self.kv_connector.on_add(seqs, kv_transfer)
+        if isinstance(kv_transfer, RemotePrefill):  # its first tokens came with it
+            self.stats.generation_tokens += len(kv_transfer.first_tokens)
+            for seq, reason in self.outputs.resume(state, kv_transfer):
+                self._finish(seq, reason, seq.first_token_time)
+            self._resumed.append(state)
         for seq in seqs:
-            self.scheduler.add(seq)
+            if not seq.is_finished:
+                self.scheduler.add(seq)
         if pin is not None:
             self.pins.begin(request_id, pin)
         self.stats.prompt_tokens += len(prompt_token_ids)
@@ -200,8 +223,32 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def housekeeping(self) -> None:
+        """KV-transfer work posted by its threads, and expiry of its holds; also while idle."""
+        if self.kv_connector is not None:
+            self.kv_connector.housekeeping()
+
+    def close(self) -> None:
+        """Stop the KV-transfer threads and any tensor-parallel workers; the engine is
+        unusable afterwards."""
+        if self.kv_connector is not None:
+            self.kv_connector.shutdown()
+        self.runner.shutdown()
+
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self.housekeeping()
+        outputs = []
+        for state in self._resumed:  # their first tokens go out before any computing
+            if self.requests.get(state.request_id) is not state:
+                continue  # aborted meanwhile
+            outputs.append(self.outputs.make_output(state, state.finished))
+            if state.finished and self.requests.pop(state.request_id, None) is not None:
+                self.stats.observe("e2e", time.monotonic() - state.arrival_time)
+        self._resumed.clear()
+        return outputs + self._step()
+
+    def _step(self) -> list[RequestOutput]:
         started = time.perf_counter()
         self._propose_drafts()
         sched = self.scheduler.schedule()
@@ -233,6 +280,8 @@ class LLMEngine:
                 reason = self._append_tokens(state, seq, result, now)
                 touched[state.request_id] = state
             self.kv.cache_computed_blocks(seq)  # before a finish frees the blocks
+            if self.kv_connector is not None:
+                self.kv_connector.on_computed(seq)  # prefill side: stream what is computed
             if reason is not None and seq.request_id in self.pins.warming:
                 self.pins.complete(seq.request_id, seq.block_hashes, self._largest_need(seq))
             if reason is not None:
@@ -339,6 +388,8 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason, now: float) -> None:
         self.scheduler.finish(seq, *reason)
+        if self.kv_connector is not None:
+            self.kv_connector.on_finish(seq, reason[0])
         if self.spec is not None:
             self.spec.forget(seq.seq_id)
             self.proposer.release(seq.seq_id)
@@ -352,10 +403,6 @@ class LLMEngine:
         """Raise if the engine can no longer compute (a tensor-parallel rank died)."""
         self.runner.check_health()
 
-    def shutdown(self) -> None:
-        """Stop the runner's worker processes, if any; the engine is unusable afterwards."""
-        self.runner.shutdown()
-
     # -- cache state for the replica server ------------------------------------------------
     def load(self) -> dict:
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
@@ -367,7 +414,8 @@ class LLMEngine:
                 "drain_rate_tok_s": round(min(self.drain_rate(), 1e9), 1),
                 **({"target_itl_s": self.budget.target_itl_s} if self.budget else {}),
                 "max_pinned_blocks": self.pool.max_pinned_blocks,
-                "by_priority": load_by_priority(self.scheduler.running, self.scheduler.waiting)}
+                "by_priority": load_by_priority(self.scheduler.running, self.scheduler.waiting),
+                **({"kv_transfer": self.kv_connector.load()} if self.kv_connector else {})}
 
     def kv_snapshot(self) -> dict:
         seq = self.pool.event_seq  # read before the blocks: replaying later events is idempotent

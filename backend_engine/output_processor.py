@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import time
+
 from backend_engine.detokenizer import IncrementalDetokenizer, TokenTexts
+from backend_engine.kv_transfer.params import RemotePrefill
 from backend_engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.sequence import Sequence
@@ -63,6 +66,20 @@ class OutputProcessor:
             top = [(t, self.token_texts(t), v) for t, v in zip(top_ids[:k], top_values[:k])]
             out.logprobs.append(TokenLogprob(token, self.token_texts(token), value, top))
         return self._stop_reason(state, seq, token)
+
+    def resume(self, state: RequestState, remote: RemotePrefill) -> list[tuple[Sequence, StopReason]]:
+        """Append the first tokens a prefill replica sampled (one per sample) as outputs; the
+        samples they already end, with why."""
+        now, ended = time.monotonic(), []
+        for seq, first in zip(state.seqs, remote.first_tokens):
+            seq.first_token_time = now
+            seq.num_cached_tokens = remote.cached_tokens  # what the prefill replica did not compute
+            logprob = None if first.logprob is None else (
+                first.logprob, [t for t, _ in first.top], [v for _, v in first.top])
+            reason = self.append_token(state, seq, first.token_id, logprob)
+            if reason is not None:
+                ended.append((seq, reason))
+        return ended
 
     def _stop_reason(self, state: RequestState, seq: Sequence, token: int) -> StopReason | None:
         p = seq.params

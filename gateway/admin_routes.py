@@ -50,6 +50,8 @@ def replica_view(state: GatewayState, replica: Replica) -> dict:
     load = state.router.load.view(replica.name) if replica.name in state.router.replicas else None
     return {
         "name": replica.name, "url": replica.url, "models": replica.models,
+        "role": replica.role, "kv_transfer_address": replica.kv_transfer_address,
+        "kv_transfer": replica.load.get("kv_transfer"),
         "status": replica.status, "health": replica.health, "health_detail": replica.health_detail,
         "draining": replica.draining, "routable": replica.routable(),
         "circuit": replica.breaker.state, "consecutive_failures": replica.breaker.consecutive_failures,
@@ -150,6 +152,13 @@ async def summary(request: Request) -> dict:
                       "predicted_entries": size.predicted_entries,
                       "estimated_bytes": size.estimated_bytes, "evictions": size.evictions,
                       "resyncs": size.resyncs}}
+
+
+@api.get("/pd")
+async def prefill_decode(request: Request) -> dict:
+    """Prefill/decode pairs: decisions, transfers in flight, bytes moved, transfer times."""
+    state: GatewayState = request.app.state.gateway
+    return state.pd.summary()
 
 
 @api.get("/priorities")

@@ -59,6 +59,9 @@ class GatewayConfig:
     max_prompt_tokens: int = 131072  # longer prompts get 400 before any replica is asked
     decisions_kept: int = 500  # routing decisions kept for /admin/api/decisions
     prefix_advice: bool = True  # watch prompts for volatile fields that defeat the cache
+    # prefill/decode pairs (replicas started with --role prefill / --role decode)
+    pd_bypass_tokens: int = 64  # the decode replica prefills itself when it lacks at most this
+    pd_transfer_weight: float = 0.25  # cost of a transferred prompt token, in computed tokens
     seed: int | None = None  # seeds the policies' random tie-breaks (tests, benchmarks)
     log_level: str = "info"  # uvicorn and gateway logging
 
@@ -156,6 +159,8 @@ def validate(config: GatewayConfig) -> GatewayConfig:
         raise ConfigError("failure_threshold must be at least 1")
     if config.max_queued_requests < 0 or config.max_queue_wait_s <= 0:
         raise ConfigError("max_queued_requests must be >= 0 and max_queue_wait_s positive")
+    if config.pd_bypass_tokens < 0 or config.pd_transfer_weight < 0:
+        raise ConfigError("pd_bypass_tokens and pd_transfer_weight must not be negative")
     names = [k.name for k in config.api_keys]
     if any("|" in name for name in names):
         raise ConfigError("api key names may not contain '|' (it separates tenant and salt)")

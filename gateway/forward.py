@@ -17,7 +17,7 @@ import httpx
 from starlette.responses import Response
 
 from gateway.overload_queue import QueueFull, QueueTimeout
-from gateway.replicas import Replica
+from gateway.replicas import Replica, role_exclusions
 from gateway.state import GatewayState
 from gateway.stats import DecisionRecord
 from gateway.upstream import UpstreamFailure, UsageScanner, open_until_down, usage_of
@@ -41,11 +41,13 @@ class RoutedRequest:
     prompt_tokens: int
     started: float  # perf_counter at arrival
     priority: int = 0  # effective: the request's, else its key's default
+    single_prompt: bool = True  # False: a completions request with several prompts (no P/D)
 
 
 def _exclusions(state: GatewayState, model: str, tried: set[str]) -> set[str]:
     return {name for name, r in state.replicas.items()
-            if name in tried or model not in r.models or not r.routable()}
+            if name in tried or model not in r.models or not r.routable()} \
+        | role_exclusions(list(state.replicas.values()), model, tried)
 
 
 @dataclass(slots=True)
@@ -54,18 +56,20 @@ class Overloaded:
     retry_after_s: float
 
 
-async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
+async def forward(state: GatewayState, routed: RoutedRequest,
+                  tried: set[str] | None = None) -> Response:
+    """`tried`: replicas that already failed this request (a P/D attempt before this one)."""
     if not len(state.overload):  # nobody is waiting for room: try the replicas at once
-        outcome = await _attempts(state, routed)
+        outcome = await _attempts(state, routed, tried)
         if not isinstance(outcome, Overloaded):
             return outcome
     else:
         outcome = None
-    return await _forward_queued(state, routed, outcome)
+    return await _forward_queued(state, routed, outcome, tried)
 
 
 async def _forward_queued(state: GatewayState, routed: RoutedRequest,
-                          refusal: Overloaded | None) -> Response:
+                          refusal: Overloaded | None, tried: set[str] | None) -> Response:
     """Wait in the gateway's overload queue, in arrival order, and retry at its head."""
     queue = state.overload
     try:
@@ -74,7 +78,7 @@ async def _forward_queued(state: GatewayState, routed: RoutedRequest,
             while True:
                 if refusal is not None:
                     await queue.wait_retry(ticket, refusal.retry_after_s)
-                outcome = await _attempts(state, routed)
+                outcome = await _attempts(state, routed, tried)
                 if not isinstance(outcome, Overloaded):
                     return outcome
                 refusal = outcome
@@ -87,10 +91,11 @@ async def _forward_queued(state: GatewayState, routed: RoutedRequest,
                                   retry, "gateway_overloaded") from None
 
 
-async def _attempts(state: GatewayState, routed: RoutedRequest) -> Response | Overloaded:
+async def _attempts(state: GatewayState, routed: RoutedRequest,
+                    tried: set[str] | None = None) -> Response | Overloaded:
     """One pass over the replicas, best first, until one answers. A replica that refuses for
     load is skipped without counting as a failure; if all refuse, the request may wait."""
-    tried: set[str] = set()
+    tried = set(tried or ())
     last: UpstreamFailure | None = None
     refusals: list[float] = []
     config = state.config
@@ -226,7 +231,9 @@ def _finish_request(state: GatewayState, routed: RoutedRequest, replica: Replica
 
 async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica,
                     decision: Decision, record: DecisionRecord,
-                    upstream: httpx.Response, lease: asyncio.Task | None) -> Response:
+                    upstream: httpx.Response, lease: asyncio.Task | None,
+                    usage_replica: Replica | None = None) -> Response:
+    """`usage_replica`: whose cache the usage's cached tokens count (a pair's prefill side)."""
     try:
         content = await upstream.aread()
     except httpx.HTTPError as exc:
@@ -244,7 +251,7 @@ async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica
     state.priorities.record_ttft(routed.priority, elapsed)
     if upstream.status_code == 200:
         try:
-            _observe_usage(state, replica, record, usage_of(json.loads(content)))
+            _observe_usage(state, usage_replica or replica, record, usage_of(json.loads(content)))
         except ValueError:
             pass
     return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"),
@@ -252,7 +259,8 @@ async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica
 
 
 def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decision: Decision,
-            record: DecisionRecord, upstream: httpx.Response, lease: asyncio.Task | None) -> Response:
+            record: DecisionRecord, upstream: httpx.Response, lease: asyncio.Task | None,
+            usage_replica: Replica | None = None) -> Response:
     scanner = UsageScanner()
 
     async def relay() -> AsyncIterator[bytes]:
@@ -278,7 +286,7 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
     async def on_close() -> None:
         await upstream.aclose()
         await _release(state, decision, lease)
-        _observe_usage(state, replica, record, scanner.usage)
+        _observe_usage(state, usage_replica or replica, record, scanner.usage)
         _finish_request(state, routed, replica, record, 200)
 
     return EventStreamResponse(relay(), headers={REPLICA_HEADER: replica.name}, on_close=on_close)

@@ -67,6 +67,8 @@ async def _sync_once(state: GatewayState, replica: Replica) -> None:
     snapshot = response.json()
     state.router.on_snapshot(replica.name, snapshot)
     replica.namespace_model = snapshot.get("model") or replica.namespace_model
+    replica.role = snapshot.get("role") or "both"
+    replica.kv_transfer_address = snapshot.get("kv_transfer_address")
     replica.load = dict(snapshot.get("load") or {})
     replica.kv_resyncs += 1
     state.pin_sync.schedule_reconcile(replica)  # a restarted replica lost its pins

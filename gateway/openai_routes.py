@@ -13,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.config import ApiKey
-from gateway.forward import RoutedRequest, forward
+from gateway import disagg
+from gateway.forward import RoutedRequest
 from gateway.priority import effective_priority
 from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
@@ -69,6 +70,9 @@ def tenant_salt(key: ApiKey | None, cache_salt: str | None) -> str | None:
 
 
 def _check_limits(state: GatewayState, req: ChatCompletionRequest | CompletionRequest) -> None:
+    if req.kv_transfer_params is not None:
+        raise bad_request("'kv_transfer_params' is set by the gateway for prefill/decode pairs; "
+                          "clients may not send it.", "kv_transfer_params", "invalid_value")
     if isinstance(req, ChatCompletionRequest) and len(req.messages) > state.config.max_messages:
         raise bad_request(f"'messages' holds at most {state.config.max_messages} messages.",
                           "messages", "invalid_value")
@@ -149,8 +153,9 @@ async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Respo
     hashes = block_hashes(tokens, namespace_for(namespace_model, salt), state.router.block_size)
     request_id = req.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
     routed = RoutedRequest(request_id, endpoint, path, body, forwarded_headers(request.headers),
-                           req.model, bool(req.stream), hashes, len(tokens), started, priority)
+                           req.model, bool(req.stream), hashes, len(tokens), started, priority,
+                           single_prompt=not isinstance(req, CompletionRequest) or len(req.prompts()) == 1)
     try:
-        return await unless_disconnected(request, forward(state, routed))
+        return await unless_disconnected(request, disagg.serve(state, routed))
     except ClientDisconnected:  # forward was cancelled: its booking released, upstream closed
         return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -39,6 +39,8 @@ class Replica:
     kv_feed: object | None = field(default=None, repr=False)  # a ZMQ feed's counters (FeedStats)
     parity: str = "unchecked"  # "ok", "mismatch: …", "unavailable", "unchecked"
     load: dict = field(default_factory=dict)  # the engine's last report
+    role: str = "both"  # P/D role from /kv/snapshot: "both" | "prefill" | "decode"
+    kv_transfer_address: str | None = None  # a decode replica's KV receiver
     counts: ReplicaCounts = field(default_factory=ReplicaCounts)
     # Requests waiting for this replica's first byte; told when the health checks find it down.
     down_waiters: set[asyncio.Future] = field(default_factory=set, repr=False)
@@ -51,7 +53,7 @@ class Replica:
         """The replica stopped answering: requests still waiting for its first byte give up on it."""
         for waiter in self.down_waiters:
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(self.name)
         self.down_waiters.clear()
 
     @property
@@ -66,6 +68,17 @@ class Replica:
         if self.health == HEALTHY and self.breaker.state != CLOSED:
             return f"circuit_{self.breaker.state}"
         return self.health
+
+
+def role_exclusions(replicas: list[Replica], model: str, tried: set[str] = frozenset()) -> set[str]:
+    """Replicas kept out of whole (colocated) requests: with roles in the fleet, a request that
+    does not go through a prefill/decode pair goes to a `both` replica, else to a decode
+    replica (it can prefill), and to a prefill replica only when nothing else is left."""
+    serving = [r for r in replicas if model in r.models and r.routable() and r.name not in tried]
+    for allowed in (("both",), ("both", "decode")):
+        if any(r.role in allowed for r in serving):
+            return {r.name for r in replicas if r.role not in allowed}
+    return set()
 
 
 def replica_name(url: str, taken: set[str]) -> str:

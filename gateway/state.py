@@ -20,6 +20,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.overload_queue import OverloadQueue
 from gateway.pin_sync import PinSync
 from gateway.pins import PinStore
+from gateway.pd_stats import PDStats
 from gateway.pool import LeanTransport
 from gateway.prefix_advice import AdviceConfig, PrefixAdvisor
 from gateway.priority import PriorityStats
@@ -28,6 +29,7 @@ from gateway.replicas import Replica, replica_name
 from gateway.stats import GatewayStats
 from gateway.zmq_feed import follow_zmq
 from routing.policies import make_policy
+from routing.policies.pd import PDPolicy
 from routing.rate_limit import RateLimiter
 from routing.redis_store import RedisStore
 from routing.router import Router
@@ -43,6 +45,8 @@ class GatewayState:
             config.admin_key = secrets.token_urlsafe(24)
             log.warning("no admin key configured; this run's admin key is %s", config.admin_key)
         self.router = Router(config.policy, block_size=config.block_size, seed=config.seed)
+        self.router.pd_policy = PDPolicy(config.seed, config.pd_bypass_tokens,
+                                         config.pd_transfer_weight)
         self.store = RedisStore(config.redis_url, timeout_s=0.25, lease_s=config.lease_s) if config.redis_url else None
         self.shared = SharedRouter(self.router, self.store, config.max_in_flight, config.seed)
         self.replicas: dict[str, Replica] = {}
@@ -71,6 +75,7 @@ class GatewayState:
         self.advice = (PrefixAdvisor(AdviceConfig(block_size=config.block_size))
                        if config.prefix_advice else None)
         self.priorities = PriorityStats(self.metrics.registry)
+        self.pd = PDStats(self.metrics.registry)
         self._tasks: dict[str, list[asyncio.Task]] = {}
         self._said_remote: set[str] = set()  # models already logged as tokenised remotely
 

@@ -29,6 +29,7 @@ class DecisionRecord:
     ttft_s: float | None = None
     error: str | None = None
     priority: int = 0
+    prefill_replica: str | None = None  # a P/D pair's prefill side (`replica` decodes)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -18,7 +18,8 @@ class UpstreamFailure(Exception):
     """The replica failed before answering: try another one."""
 
     def __init__(self, reason: str, message: str, status: int | None = None,
-                 body: bytes | None = None, retry_after_s: float | None = None) -> None:
+                 body: bytes | None = None, retry_after_s: float | None = None,
+                 replica: str | None = None) -> None:
         super().__init__(message)
         # "connect", "timeout", "status_5xx", "protocol", "down", or "overloaded": a healthy
         # replica whose queue is too long to take the request now (503 engine_overloaded)
@@ -26,6 +27,7 @@ class UpstreamFailure(Exception):
         self.status = status
         self.body = body
         self.retry_after_s = retry_after_s
+        self.replica = replica  # for "down": the replica the health checks found down
 
 
 @dataclass(slots=True)
@@ -79,22 +81,27 @@ def _seconds(value: str | None) -> float:
 
 
 async def open_until_down(client: httpx.AsyncClient, replica: Replica, path: str, body: bytes,
-                          headers: dict[str, str]) -> httpx.Response:
+                          headers: dict[str, str], watch: tuple[Replica, ...] = ()) -> httpx.Response:
     """`open_upstream`, given up as soon as the health checks find the replica down: a hung
     replica (accepting connections, never answering) would otherwise hold the request until the
-    read timeout, although nothing has reached the client yet and a retry is safe."""
+    read timeout, although nothing has reached the client yet and a retry is safe. `watch`:
+    other replicas the answer depends on (a prefill half waits on its decode replica)."""
     attempt = asyncio.ensure_future(open_upstream(client, replica, path, body, headers))
     down = asyncio.get_running_loop().create_future()
-    replica.down_waiters.add(down)
+    watched = (replica, *watch)
+    for r in watched:
+        r.down_waiters.add(down)
     try:
         await asyncio.wait((attempt, down), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        replica.down_waiters.discard(down)
+        for r in watched:
+            r.down_waiters.discard(down)
         if not attempt.done():
             attempt.cancel()
             await asyncio.gather(attempt, return_exceptions=True)
     if attempt.cancelled():
-        raise UpstreamFailure("down", f"{replica.name} stopped answering (health check)")
+        name = down.result() if down.done() else replica.name
+        raise UpstreamFailure("down", f"{name} stopped answering (health check)", replica=name)
     return attempt.result()
 
 

@@ -67,6 +67,16 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-events-config", default=None, metavar="JSON",
                    help='vLLM\'s KV event publisher config, e.g. \'{"enable_kv_cache_events": true, '
                         '"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\'')
+    pd = p.add_argument_group("prefill/decode disaggregation")
+    pd.add_argument("--role", default="both", choices=["both", "prefill", "decode"],
+                    help="prefill: compute prompts and send their KV blocks; decode: receive them and decode; "
+                         "both: whole requests (default)")
+    pd.add_argument("--kv-transfer-host", default=None, help="decode: where the KV receiver binds (default: --host)")
+    pd.add_argument("--kv-transfer-port", type=int, default=0, help="decode: the KV receiver's port (0: a free one)")
+    pd.add_argument("--kv-transfer-address", default=None, metavar="tcp://HOST:PORT",
+                    help="decode: the address prefill replicas dial, when it differs from the bind address (NAT, pods)")
+    pd.add_argument("--kv-transfer-timeout", type=float, default=10.0,
+                    help="seconds of silence that fail a transfer; how long received blocks wait for their request")
     p.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
     p.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (413 beyond)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -112,6 +122,11 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         min_prefill_tokens=args.min_prefill_tokens,
         max_queue_delay_s=args.max_queue_delay_s or None,
         tensor_parallel_size=args.tensor_parallel_size,
+        kv_role=args.role,
+        kv_transfer_host=args.kv_transfer_host or args.host,
+        kv_transfer_port=args.kv_transfer_port,
+        kv_transfer_address=args.kv_transfer_address,
+        kv_transfer_timeout_s=args.kv_transfer_timeout,
     )
     if args.kv_cache_memory is not None:
         config.kv_cache_memory_gb = args.kv_cache_memory

@@ -257,6 +257,10 @@ class PrefixIndex:
         expiry = self.clock() + (self.predicted_ttl_s if ttl_s is None else ttl_s)
         self._predicted.add(state.slot, hashes, expiry, lambda h: bool(resident(h, 0) & bit))
 
+    def unpredict(self, name: str, hashes: Sequence[int]) -> None:
+        """Withdraw `name`'s predicted entries for these blocks (a transfer to it failed)."""
+        self._predicted.discard(self.replica(name).slot, hashes)
+
     def expire_predicted(self) -> None:
         self._predicted.expire(self.clock())
 

@@ -56,6 +56,12 @@ class PredictedBlocks:
                 self.evictions += 1
             self._clear_bit(h, slot)
 
+    def discard(self, slot: int, hashes: Sequence[int]) -> None:
+        """Withdraw predictions that turned out wrong (the blocks never arrived)."""
+        for h in hashes:
+            if self._expiry.pop((h << 8) | slot, None) is not None:
+                self._clear_bit(h, slot)
+
     def drop_slot(self, slot: int) -> None:
         for key in [k for k in self._expiry if k & 0xFF == slot]:
             del self._expiry[key]

@@ -13,6 +13,7 @@ from routing.index import PrefixIndex
 from routing.load import LoadTracker
 from routing.policies import Decision, NoReplicaAvailable, Policy, ReplicaState, RouteRequest
 from routing.policies import make_policy
+from routing.policies.pd import PDDecision, PDPolicy
 
 
 @dataclass(slots=True)
@@ -33,6 +34,7 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
+        self.pd_policy = PDPolicy(seed=seed)  # prefill/decode pairs, when replicas have roles
         self.index = index or PrefixIndex(block_size=block_size, clock=clock)
         self.load = load or LoadTracker(clock=clock)
         self.block_size = self.index.block_size
@@ -125,6 +127,29 @@ class Router:
         self.index.record_route(decision.replica, hashes)
         self.load.reserve(decision.request_id, decision.replica,
                           prompt_tokens - decision.cached_tokens, priority)
+
+    def route_pd(self, hashes: Sequence[int], prompt_tokens: int, request_id: str,
+                 prefill: Iterable[str], decode: Iterable[str], exclude: Iterable[str] = (),
+                 priority: int = 0) -> PDDecision:
+        """Choose a prefill/decode pair (or a bypass) among the named replicas; book both.
+        Bookings are "<request_id>-d" (the decode replica, until the stream ends) and
+        "<request_id>-p" (the prefill replica, until its half answers)."""
+        request = RouteRequest(request_id, hashes, prompt_tokens, self.block_size, None, priority)
+        states = self.replica_states(hashes, prompt_tokens, exclude, priority)
+        p_names, d_names = set(prefill), set(decode)
+        pick = self.pd_policy.choose(request, [s for s in states if s.name in p_names],
+                                     [s for s in states if s.name in d_names])
+        d = pick.decode
+        d.request_id = f"{request_id}-d"
+        uncached = max(0, prompt_tokens - d.cached_tokens)
+        # the decode replica prefills what it lacks (bypass), else only the unsent tail
+        self.index.record_route(d.replica, hashes)
+        self.load.reserve(d.request_id, d.replica,
+                          uncached if pick.bypass else min(uncached, self.block_size), priority)
+        if pick.prefill is not None:
+            pick.prefill.request_id = f"{request_id}-p"
+            self.commit(pick.prefill, hashes, prompt_tokens, priority)
+        return pick
 
     def first_token(self, request_id: str) -> None:
         self.load.first_token(request_id)

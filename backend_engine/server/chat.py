@@ -62,7 +62,7 @@ async def create_chat_completion(request: Request) -> Response:
 
     return await serve_generation(
         request, state, meta, [prompt], params, req.cache_salt, bool(req.stream), render_stream, render_final,
-        priority=req.priority or 0,
+        priority=req.priority or 0, kv_transfer=req.kv_transfer_params,
     )
 
 

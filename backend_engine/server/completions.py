@@ -50,7 +50,7 @@ async def create_completion(request: Request) -> Response:
 
     return await serve_generation(
         request, state, meta, prompts, params, req.cache_salt, bool(req.stream), render_stream, view.final,
-        priority=req.priority or 0,
+        priority=req.priority or 0, kv_transfer=req.kv_transfer_params,
     )
 
 

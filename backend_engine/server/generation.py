@@ -32,8 +32,9 @@ class Started:
 
 
 async def _start_one(engine: "AsyncLLMEngine", index: int, prompt: list[int], params: SamplingParams,
-                     request_id: str, cache_salt: str | None, priority: int) -> Started:
-    gen = engine.generate(prompt, params, request_id, cache_salt=cache_salt, priority=priority)
+                     request_id: str, cache_salt: str | None, priority: int, kv_transfer=None) -> Started:  # noqa: ANN001
+    gen = engine.generate(prompt, params, request_id, cache_salt=cache_salt, priority=priority,
+                          kv_transfer=kv_transfer)
     try:
         first = await gen.__anext__()
     except BaseException:
@@ -44,9 +45,11 @@ async def _start_one(engine: "AsyncLLMEngine", index: int, prompt: list[int], pa
 
 async def start_generations(engine: "AsyncLLMEngine", prompts: list[list[int]], params: SamplingParams,
                             request_ids: list[str], cache_salt: str | None,
-                            abort: asyncio.Event | None = None, priority: int = 0) -> list[Started]:
-    """Submit every prompt and wait for each one's first output; on any failure close them all."""
-    tasks = [asyncio.ensure_future(_start_one(engine, i, p, params, rid, cache_salt, priority))
+                            abort: asyncio.Event | None = None, priority: int = 0,
+                            kv_transfer=None) -> list[Started]:  # noqa: ANN001
+    """Submit every prompt and wait for each one's first output; on any failure close them all.
+    `kv_transfer` (one prompt only): the request is one half of a prefill/decode pair."""
+    tasks = [asyncio.ensure_future(_start_one(engine, i, p, params, rid, cache_salt, priority, kv_transfer))
              for i, (p, rid) in enumerate(zip(prompts, request_ids))]
     try:
         started = list(await asyncio.gather(*tasks))

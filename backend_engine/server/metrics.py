@@ -24,6 +24,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 
 TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 MAX_PRIORITY_LABELS = 16
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+KV_TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0)
 
 _ENGINE_COUNTERS = (
@@ -94,6 +95,37 @@ class _EngineCollector(Collector):
             if key in load:
                 yield GaugeMetricFamily(name, doc, value=float(load[key]))
         yield _by_priority(load.get("by_priority") or {})
+        if load.get("kv_transfer"):
+            yield from _kv_transfer_metrics(load["kv_transfer"])
+
+
+def _kv_transfer_metrics(kv: dict) -> Iterator[Metric]:
+    """Prefill/decode disaggregation: this replica's role and its transfers."""
+    role = GaugeMetricFamily("kvgate_replica_role", "1 for this replica's P/D role.", labels=["role"])
+    role.add_metric([kv.get("role", "both")], 1.0)
+    yield role
+    yield GaugeMetricFamily("kvgate_kv_transfers_in_flight", "KV transfers under way.",
+                            value=float(kv.get("in_flight", 0)))
+    yield GaugeMetricFamily("kvgate_kv_transfer_held_blocks",
+                            "KV blocks held by transfers (being sent, filled, or awaiting their request).",
+                            value=float(kv.get("held_blocks", 0)))
+    blocks = CounterMetricFamily("kvgate_kv_transfer_blocks", "KV blocks moved.", labels=["direction"])
+    moved = CounterMetricFamily("kvgate_kv_transfer_bytes", "KV bytes moved.", labels=["direction"])
+    for direction in ("sent", "received"):
+        if f"blocks_{direction}" in kv:
+            blocks.add_metric([direction], float(kv[f"blocks_{direction}"]))
+            moved.add_metric([direction], float(kv[f"bytes_{direction}"]))
+    yield blocks
+    yield moved
+    outcomes = CounterMetricFamily("kvgate_kv_transfers", "Finished KV transfers by outcome.", labels=["outcome"])
+    for outcome, count in sorted((kv.get("transfers") or {}).items()):
+        outcomes.add_metric([outcome], float(count))
+    if "transfers_failed" in kv:
+        outcomes.add_metric(["receive_failed"], float(kv["transfers_failed"]))
+        yield CounterMetricFamily("kvgate_kv_transfer_checksum_failures",
+                                  "Received blocks whose checksum did not match.",
+                                  value=float(kv.get("checksum_failures", 0)))
+    yield outcomes
 
 
 def _ignored_fields() -> Metric:
@@ -147,6 +179,10 @@ class ServerMetrics:
             "kvgate_time_to_first_token_by_priority_seconds", "Time to first token, by request priority.",
             ["priority"], buckets=TTFT_BUCKETS, registry=r)
         self._priority_labels: set[str] = set()
+        self.kv_transfer = Histogram("kvgate_kv_transfer_seconds",
+                                     "What a KV transfer added to its request: from the prefill's end to the "
+                                     "decode replica's acknowledgement.",
+                                     buckets=KV_TRANSFER_BUCKETS, registry=r)
         self.http = Counter("kvgate_http_requests", "HTTP requests by route and status code.",
                             ["route", "status_code"], registry=r)
 
@@ -161,6 +197,8 @@ class ServerMetrics:
                 histogram.observe(value)
         for priority, value in engine.drain_ttft_by_priority():
             self.ttft_by_priority.labels(self._priority_label(priority)).observe(value)
+        for value in engine.drain_kv_transfer_seconds():
+            self.kv_transfer.observe(value)
 
     def _priority_label(self, priority: int) -> str:
         """The priority as a label; past MAX_PRIORITY_LABELS distinct values, "other" (a client

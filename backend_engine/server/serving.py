@@ -25,10 +25,12 @@ from backend_engine.server.generation import (
     final_outputs,
     start_generations,
 )
+from backend_engine.server import disagg
 from backend_engine.server.sampling import engine_error_to_api
 from backend_engine.server.state import ServerState
 from kvgate.protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
 from kvgate.protocol.errors import APIError, service_unavailable
+from kvgate.protocol.kv_transfer import KVTransferParams
 from kvgate.protocol.sse import DONE, EventStreamResponse, sse_error
 
 logger = logging.getLogger(__name__)
@@ -85,7 +87,18 @@ async def serve_generation(
     render_stream: StreamRenderer,
     render_final: FinalRenderer,
     priority: int = 0,
+    kv_transfer: KVTransferParams | None = None,
 ) -> Response:
+    if kv_transfer is not None:  # one half of a prefill/decode pair
+        disagg.check_request(kv_transfer, len(prompts), stream)
+        if kv_transfer.do_remote_decode:
+            try:
+                return await disagg.serve_prefill_half(request, state, meta, prompts[0], params, cache_salt,
+                                                       priority, kv_transfer, render_final)
+            except (APIError, ClientDisconnected):
+                raise
+            except Exception as exc:
+                raise _to_api_error(state, exc) from None
     engine = state.ready_engine()
     # Engine ids stay unique even when clients reuse their own request_id.
     request_ids = [f"{meta.id}-{secrets.token_hex(4)}" for _ in prompts]
@@ -99,7 +112,7 @@ async def serve_generation(
 
     try:
         starting = start_generations(engine, prompts, params, request_ids, cache_salt, state.abort_in_flight,
-                                     priority)
+                                     priority, disagg.engine_params(kv_transfer))
         started = await unless_disconnected(request, starting)
     except ClientDisconnected:
         release()

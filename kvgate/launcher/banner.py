@@ -25,7 +25,9 @@ def ready_banner(children: list[Child], model: str, config: UpConfig, redis_url:
         lines.append(f"  dashboard:        {front.spec.url}/admin  (admin key: {config.admin_key})")
     else:
         lines.append("  dashboard:        none (--gateways 0: requests go straight to replica 1)")
-    lines.append("  replicas:         " + ", ".join(f"{c.spec.url} (pid {c.pid})" for c in replicas))
+    lines.append("  replicas:         " + ", ".join(
+        f"{c.spec.url} ({c.spec.name + ', ' if not c.spec.name.startswith('replica') else ''}pid {c.pid})"
+        for c in replicas))
     if gateways:
         lines.append("  gateways:         " + ", ".join(f"{c.spec.url} (pid {c.pid})" for c in gateways))
     redis = [c for c in children if c.spec.role == REDIS]

@@ -36,6 +36,10 @@ def add_up_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="YAML file with any of the config keys (docs: reference/config/up.md); flags win over it")
     p.add_argument("--replicas", type=int, action=_Typed, default=None,
                    help="engine replicas (default: one per GPU, else 2)")
+    p.add_argument("--prefill-replicas", type=int, action=_Typed, default=0,
+                   help="replicas that prefill prompts and send their KV blocks (with --decode-replicas)")
+    p.add_argument("--decode-replicas", type=int, action=_Typed, default=0,
+                   help="replicas that receive KV blocks and decode (with --prefill-replicas)")
     p.add_argument("--gateways", type=int, action=_Typed, default=1, help="gateways (0: replicas only)")
     p.add_argument("--redis", action=_TypedTrue, help="share gateway state in a local redis-server (automatic when --gateways > 1)")
     p.add_argument("--redis-url", action=_Typed, default=None, help="use this Redis instead of starting one")

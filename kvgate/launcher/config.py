@@ -13,7 +13,7 @@ import yaml
 # Flags `kvgate up` sets on every replica/gateway itself; setting them under `engine:` or
 # `gateway:` would silently break the port layout or the thread split, so they are refused.
 _MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key",
-                         "tensor_parallel_size"}
+                         "tensor_parallel_size", "role", "kv_transfer_port", "kv_transfer_host"}
 _MANAGED_GATEWAY_FLAGS = {"host", "port", "replica", "redis_url", "policy", "admin_key", "api_key"}
 _DEVICES = ("auto", "cpu", "cuda")
 
@@ -25,7 +25,9 @@ class ConfigError(ValueError):
 @dataclass(slots=True)
 class UpConfig:
     model: str = "default"  # every replica's model: "default" (SmolLM2-135M-Instruct), an HF folder, a .gguf file, "tiny-random"
-    replicas: int | None = None  # None: one per GPU when GPUs exist, else 2
+    replicas: int | None = None  # None: one per GPU when GPUs exist, else 2 (0 with P/D replicas)
+    prefill_replicas: int = 0  # replicas that prefill and send KV blocks (--role prefill)
+    decode_replicas: int = 0  # replicas that receive KV blocks and decode (--role decode)
     gateways: int = 1  # 0: replicas only (base_url is replica 1)
     redis: bool = False  # start a local redis-server even for one gateway
     redis_url: str | None = None  # use this Redis instead of starting one
@@ -48,7 +50,14 @@ class UpConfig:
     log_level: str = "info"  # the children's log level
 
     def validate(self) -> None:
-        if self.replicas is not None and self.replicas < 1:
+        if self.prefill_replicas < 0 or self.decode_replicas < 0:
+            raise ConfigError("prefill_replicas and decode_replicas must be 0 or more")
+        if bool(self.prefill_replicas) != bool(self.decode_replicas):
+            raise ConfigError("prefill/decode disaggregation needs at least one prefill and one "
+                              "decode replica (prefill_replicas and decode_replicas)")
+        if self.decode_replicas and self.gateways < 1:
+            raise ConfigError("prefill/decode pairs are formed by the gateway: gateways must be at least 1")
+        if self.replicas is not None and self.replicas < (0 if self.decode_replicas else 1):
             raise ConfigError("replicas must be at least 1")
         if self.gateways < 0:
             raise ConfigError("gateways must be 0 or more")
@@ -113,7 +122,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-_INTS = ("replicas", "gateways", "port", "num_threads", "tensor_parallel_size")
+_INTS = ("replicas", "prefill_replicas", "decode_replicas", "gateways", "port", "num_threads",
+         "tensor_parallel_size")
 _FLOATS = ("health_timeout_s", "shutdown_grace_s", "restart_backoff_s", "restart_backoff_max_s")
 
 

@@ -24,6 +24,7 @@ class ChildSpec:
     port: int
     host: str = "127.0.0.1"
     env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment
+    kv_port: int | None = None  # a decode replica's KV receiver
 
     @property
     def url(self) -> str:
@@ -110,14 +111,32 @@ def build_plan(config: UpConfig, gpus: int, cores: int, redis_port: int | None =
     if device == "cuda" and gpus < tp:
         raise ConfigError(f"tensor_parallel_size {tp} needs {tp} GPUs per replica, but `nvidia-smi -L` "
                           f"lists {gpus}")
-    k = config.replicas or (gpus // tp if device == "cuda" else DEFAULT_CPU_REPLICAS)
+    p, d = config.prefill_replicas, config.decode_replicas
+    if config.replicas is not None:
+        k = config.replicas
+    else:  # with P/D replicas, no whole-request ones unless asked for
+        k = 0 if d else (gpus // tp if device == "cuda" else DEFAULT_CPU_REPLICAS)
     g = config.gateways
     redis = None
     redis_url = config.redis_url
     if config.wants_redis:
         redis = _redis_spec(redis_port or free_port())
         redis_url = f"redis://127.0.0.1:{redis.port}/0"
-    replicas = [_replica_spec(config, i, config.port + g + i, device, gpus, cores, k, python) for i in range(k)]
+    roles = ["both"] * k + ["prefill"] * p + ["decode"] * d
+    total = len(roles)
+    kv_port = config.port + g + total  # decode replicas' KV receivers, after every HTTP port
+    replicas = []
+    for i, role in enumerate(roles):
+        spec = _replica_spec(config, i, config.port + g + i, device, gpus, cores, total, python)
+        if role != "both":
+            n = roles[:i + 1].count(role)
+            spec.name = f"{role}-{n}"
+            spec.argv += ["--role", role]
+        if role == "decode":
+            spec.argv += ["--kv-transfer-port", str(kv_port)]
+            spec.kv_port = kv_port
+            kv_port += 1
+        replicas.append(spec)
     gateways = [_gateway_spec(config, i, config.port + i, replicas, redis_url, python,
                               tokenizer_folder) for i in range(g)]
     return Plan(redis, replicas, gateways, redis_url, device)

@@ -56,6 +56,9 @@ class Supervisor:
         for child in self.children:
             if child.spec.role != REDIS and not port_is_free(child.spec.host, child.spec.port):
                 raise ConfigError(f"port {child.spec.port} ({child.spec.name}) is in use; choose another --port")
+            kv = child.spec.kv_port
+            if kv is not None and not port_is_free(child.spec.host, kv):
+                raise ConfigError(f"port {kv} ({child.spec.name}'s KV receiver) is in use; choose another --port")
 
     def start(self) -> bool:
         """Shared state and replicas first, then the gateways; False if any failed or we were stopped."""

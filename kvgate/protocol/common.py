@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvgate.protocol.engine_extras import split_extras
 from kvgate.protocol.errors import bad_request
+from kvgate.protocol.kv_transfer import KVTransferParams
 
 MAX_N = 128
 MAX_STOP = 4
@@ -60,6 +61,7 @@ class SamplingFields(StrictModel):
     cache_salt: str | None = Field(default=None, min_length=1)
     request_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:-]+$")
     priority: int | None = Field(default=None, ge=MIN_PRIORITY, le=MAX_PRIORITY)
+    kv_transfer_params: KVTransferParams | None = None  # set by the gateway (P/D halves)
 
     @model_validator(mode="before")
     @classmethod

@@ -38,10 +38,14 @@ UNCACHED_WEIGHT = 2.0
 
 
 def kvgate_cost(r: ReplicaState, prompt_tokens: int, block_size: int,
-                uncached_weight: float = UNCACHED_WEIGHT, batch_scale: float = 4.0) -> float:
+                uncached_weight: float = UNCACHED_WEIGHT, batch_scale: float = 4.0,
+                weigh_kv_room: bool = False) -> float:
+    """`weigh_kv_room` (decode replicas of a P/D pair): divide by the free share of the KV
+    cache, so a replica whose cache is half full costs twice as much."""
     uncached = max(0, prompt_tokens - r.cached_tokens)
-    return float((uncached_weight * uncached + r.pending_prefill_tokens + block_size)
+    cost = float((uncached_weight * uncached + r.pending_prefill_tokens + block_size)
                  * (1.0 + r.in_flight / batch_scale))
+    return cost / max(0.05, 1.0 - r.kv_usage) if weigh_kv_room else cost
 
 
 class KvgatePolicy:
@@ -57,8 +61,10 @@ class KvgatePolicy:
         near_equal: float = 0.05,
         uncached_weight: float = UNCACHED_WEIGHT,
         batch_scale: float = 4.0,
+        weigh_kv_room: bool = False,
     ) -> None:
         self.batch_scale = batch_scale
+        self.weigh_kv_room = weigh_kv_room
         self.uncached_weight = uncached_weight
         self._rng = random.Random(seed)
         self.kv_usage_guard = kv_usage_guard
@@ -90,7 +96,7 @@ class KvgatePolicy:
             else:
                 excluded.setdefault(r.name, "load_window")
         costs = {r.name: kvgate_cost(r, request.prompt_tokens, request.block_size,
-                                    self.uncached_weight, self.batch_scale)
+                                    self.uncached_weight, self.batch_scale, self.weigh_kv_room)
                  for r in replicas}
         best = min(costs[r.name] for r in window)
         near = [r for r in window if costs[r.name] <= best * (1 + self.near_equal)]

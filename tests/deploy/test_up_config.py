@@ -122,3 +122,44 @@ def test_tensor_parallel_size_is_checked_against_the_gpus_and_kept_out_of_engine
     path.write_text("tensor_parallel_size: '3'\n")
     assert config_for("--config", str(path)).tensor_parallel_size == 3
     assert config_for("--config", str(path), "-tp", "2").tensor_parallel_size == 2
+
+
+def test_prefill_and_decode_replicas_get_roles_ports_and_a_share_of_the_cores():
+    config = config_for("--prefill-replicas", "1", "--decode-replicas", "2", "--model", "tiny-random")
+    plan = build_plan(config, gpus=0, cores=6)
+    assert [r.name for r in plan.replicas] == ["prefill-1", "decode-1", "decode-2"]
+    assert [argv_value(r.argv, "--role") for r in plan.replicas] == ["prefill", "decode", "decode"]
+    assert [r.port for r in plan.replicas] == [8001, 8002, 8003]
+    # decode replicas' KV receivers come after every HTTP port, one each
+    assert [argv_value(r.argv, "--kv-transfer-port") for r in plan.replicas[1:]] == ["8004", "8005"]
+    assert "--kv-transfer-port" not in plan.replicas[0].argv
+    assert all(argv_value(r.argv, "--num-threads") == "2" for r in plan.replicas)
+    gw = plan.gateways[0].argv
+    assert [gw[i + 1] for i, a in enumerate(gw) if a == "--replica"] == [r.url for r in plan.replicas]
+
+
+def test_whole_request_replicas_can_run_beside_a_pair():
+    plan = build_plan(config_for("--replicas", "1", "--prefill-replicas", "1", "--decode-replicas", "1"),
+                      gpus=0, cores=3)
+    assert [r.name for r in plan.replicas] == ["replica-1", "prefill-1", "decode-1"]
+    assert "--role" not in plan.replicas[0].argv
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--prefill-replicas", "1"), "at least one prefill and one decode"),
+    (("--decode-replicas", "2",), "at least one prefill and one decode"),
+    (("--prefill-replicas", "1", "--decode-replicas", "1", "--gateways", "0"), "gateways must be at least 1"),
+])
+def test_incomplete_pd_setups_are_refused(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        config_for(*argv)
+
+
+def test_pd_replicas_from_the_config_file(tmp_path):
+    path = tmp_path / "up.yaml"
+    path.write_text("prefill_replicas: 2\ndecode-replicas: 1\n")
+    config = config_for("--config", str(path))
+    assert (config.prefill_replicas, config.decode_replicas) == (2, 1)
+    with pytest.raises(ConfigError, match="set by kvgate up"):
+        path.write_text("engine:\n  role: decode\n")
+        config_for("--config", str(path))

@@ -85,9 +85,12 @@ class Proc:
 
 
 def replica(port: int | None = None, *extra: str) -> Proc:
+    """A tiny-model replica; `extra`: more `kvgate engine` flags (e.g. --role decode)."""
     port = port or free_port()
     return Proc(["engine", "--model", MODEL, "--port", str(port), "--num-kv-blocks", "256",
-                 "--num-threads", "1", "--log-level", "warning", *extra], port, "/health", "replica")
+                 "--num-threads", "1", "--log-level", "warning",
+                 "--dtype", "float32",  # outputs compared token for token across replicas
+                 *extra], port, "/health", "replica")
 
 
 def gateway(replica_urls: list[str], *extra: str, config: str | None = None,

@@ -53,7 +53,7 @@ def logprobs(output) -> torch.Tensor:
 
 def stop(llm: LLM) -> None:
     workers = llm.engine.runner.workers
-    llm.engine.shutdown()
+    llm.engine.close()
     assert all(w.exitcode == 0 for w in workers)  # stopped, not killed
     assert not any(psutil.pid_exists(w.pid) for w in workers)
 

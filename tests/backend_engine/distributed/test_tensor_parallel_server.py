@@ -28,7 +28,8 @@ MAX_TOKENS = 12
 def tp_replica(*extra: str) -> Proc:
     port = free_port()
     return Proc(["engine", "--model", "tiny-random", "--port", str(port), "--num-kv-blocks", "64",
-                 "--num-threads", "1", "--tensor-parallel-size", "2", "--log-level", "info", *extra],
+                 "--num-threads", "1", "--tensor-parallel-size", "2", "--log-level", "info",
+                 "--dtype", "float32", *extra],
                 port, "/health", "tp-replica")
 
 
