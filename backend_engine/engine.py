@@ -89,7 +89,8 @@ class LLMEngine:
         from backend_engine.step_calibration import calibrated_model
 
         # a tensor-parallel executor is fitted from its first steps alone
-        model = (calibrated_model(self.runner) if isinstance(self.runner, ModelRunner)
+        model = (calibrated_model(self.runner, self.max_model_len)
+                 if isinstance(self.runner, ModelRunner)
                  else StepCostModel())
         return StepBudget(model, config.target_itl_ms / 1000, config.min_prefill_tokens,
                           config.max_num_batched_tokens)

@@ -12,8 +12,8 @@ from backend_engine.model_runner import ModelRunner
 from backend_engine.step_cost import StepCostModel, StepShape, calibration_shapes
 
 
-def _inputs(runner: ModelRunner, shape: StepShape) -> tuple[torch.Tensor, torch.Tensor,
-                                                            AttentionMetadata, int]:
+def _inputs(runner: ModelRunner, shape: StepShape, max_model_len: int
+            ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, int]:
     """Token ids, positions, metadata and logits rows of a step of this shape."""
     bs, device = runner.block_size, runner.device
     rows = shape.decode_rows
@@ -21,8 +21,8 @@ def _inputs(runner: ModelRunner, shape: StepShape) -> tuple[torch.Tensor, torch.
     prefill = shape.prefill_tokens
     cached = shape.attention_pairs // prefill - prefill if prefill else 0
     need = max(-(-(context + 1) // bs), -(-(cached + prefill) // bs), 1)
-    if need > runner.num_blocks:
-        raise ValueError("the KV cache is too small to calibrate this step shape")
+    if need > runner.num_blocks or max(context + 1, cached + prefill) > max_model_len:
+        raise ValueError("the KV cache or the context is too small for this step shape")
     table = torch.arange(need)
     positions = [context] * rows + list(range(cached, cached + prefill))
     slots = torch.tensor(positions, dtype=torch.long)  # rows share the blocks: fine for timing
@@ -39,9 +39,10 @@ def _inputs(runner: ModelRunner, shape: StepShape) -> tuple[torch.Tensor, torch.
 
 
 @torch.inference_mode()
-def time_step(runner: ModelRunner, shape: StepShape, repeats: int = 2) -> float:
+def time_step(runner: ModelRunner, shape: StepShape, max_model_len: int,
+              repeats: int = 2) -> float:
     """Fastest of `repeats` forward passes (with the logits of the rows a real step samples)."""
-    ids, positions, meta, logit_rows = _inputs(runner, shape)
+    ids, positions, meta, logit_rows = _inputs(runner, shape, max_model_len)
     best = float("inf")
     for _ in range(repeats):
         meta.scratch.clear()
@@ -52,13 +53,13 @@ def time_step(runner: ModelRunner, shape: StepShape, repeats: int = 2) -> float:
     return best
 
 
-def calibrated_model(runner: ModelRunner) -> StepCostModel:
+def calibrated_model(runner: ModelRunner, max_model_len: int) -> StepCostModel:
     model = StepCostModel()
     points = []
     for shape in calibration_shapes():
         try:
-            points.append((shape, time_step(runner, shape)))
+            points.append((shape, time_step(runner, shape, max_model_len)))
         except ValueError:
-            continue  # a KV cache smaller than the shape: the online fit takes over
+            continue  # a KV cache or context smaller than the shape: the online fit takes over
     model.calibrate(points)
     return model
