@@ -93,7 +93,7 @@ def _decode(t, target: str, fp: bool) -> LinearWeight:
 
 
 def _float_tensor(t) -> torch.Tensor:
-    data = np.ascontiguousarray(t.data)
+    data = np.array(t.data, copy=True)  # out of the read-only memory map
     if t.tensor_type.name == "BF16":  # stored as raw 16-bit words
         return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16).float()
     return torch.from_numpy(data).float()

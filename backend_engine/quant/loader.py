@@ -34,8 +34,8 @@ def resolve_quantization(flag: str | None, hf_config, folder: Path) -> str | Non
                              f"{stored}-quantised: use --quantization {stored} (or leave it unset)")
     if flag in ("awq", "gptq") and stored is None:
         kind = "GGUF" if from_gguf else "unquantised (fp)"
-        raise ModelLoadError(f"--quantization {flag} needs a {flag.upper()} checkpoint (config.json "
-                             f"quantization_config.quant_method '{flag}'); this one is {kind}: "
+        raise ModelLoadError(f"--quantization {flag} needs a checkpoint whose config.json "
+                             f"quantization_config.quant_method is '{flag}'; this one is {kind}: "
                              "use --quantization int4 or int8 to quantise it at load")
     return None if flag == "none" else flag
 
