@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from backend_engine.quant.prepare import candidate_forms, forms as quant_forms
+from backend_engine.quant.prepare import forms as quant_forms
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MARGIN = 0.95  # another form must be at least 5 % faster than F.linear to be chosen
@@ -87,7 +87,7 @@ def _candidates(weight, rows: int) -> dict[str, Form]:
     if isinstance(weight, torch.Tensor):
         names = ["linear", "pad_linear", "pad_flip"] if rows == 1 else ["linear", "flip"]
         return {name: FORMS[name] for name in names}
-    return candidate_forms(weight.kind, rows)
+    return quant_forms(weight.kind)
 
 
 def _key(weight) -> tuple:

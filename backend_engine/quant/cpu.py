@@ -9,7 +9,8 @@
 
 Each kernel runs in bfloat16 (the fast path on AVX512-BF16; see docs/engine/quantization.md for
 the measurements), so an fp32 model's activations are rounded to bf16 at the matmul and its
-output cast back. `RowAwareLinear` chooses among the forms below per shape and row bucket.
+output cast back. `RowAwareLinear` would choose among several forms per shape and row bucket;
+on CPU each kind has one (see FORMS).
 """
 
 from __future__ import annotations
@@ -109,13 +110,6 @@ def _int8_mm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
     return torch._weight_int8pack_mm(x.to(KERNEL_DTYPE), w.qweight, w.scales).to(x.dtype)
 
 
-def _int8_dequant(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
-    """Dequantise to bf16 and run a BLAS GEMM: pays N*K conversions once per call, which large
-    row counts (prefill) amortise."""
-    weight = w.qweight.to(KERNEL_DTYPE) * w.scales[:, None]
-    return F.linear(x.to(KERNEL_DTYPE), weight).to(x.dtype)
-
-
 def _int4_mm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
     if w.perm is not None:
         x = x.index_select(1, w.perm)
@@ -126,10 +120,13 @@ def _int4_mm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-# The first form of each kind is the default (used uncalibrated). int8_mm with fp32 activations
-# and scales was measured 5-30x slower than with bf16 ones, so it is not a candidate.
+# One form per kind. Each kernel gives a row the same bits whatever the batch around it, so
+# greedy tokens do not change with batching, chunking or preemption; a second form (e.g. int8
+# dequantised to bf16 for a BLAS GEMM, 1.5-2x faster at 256 rows) rounds differently (measured:
+# 42 % of outputs differ by >= 1 bf16 ulp), and switching forms between row buckets changed
+# greedy tokens after preemption in the engine tests. int8 with fp32 activations was 5-30x
+# slower than with bf16 ones. See docs/engine/quantization.md.
 FORMS = {
-    CpuInt8Weight.kind: {"int8_mm": _int8_mm, "int8_dequant": _int8_dequant},
+    CpuInt8Weight.kind: {"int8_mm": _int8_mm},
     CpuInt4Weight.kind: {"int4_mm": _int4_mm},
 }
-MIN_ROWS = {"int8_dequant": 16}  # below this, converting the whole weight cannot pay off

@@ -46,12 +46,4 @@ def forms(kind: str) -> dict[str, Callable]:
     return cuda.FORMS[kind]
 
 
-def candidate_forms(kind: str, rows: int) -> dict[str, Callable]:
-    """The forms worth timing for `rows` rows (the default always among them)."""
-    all_forms = forms(kind)
-    default = next(iter(all_forms))
-    return {name: fn for name, fn in all_forms.items()
-            if name == default or rows >= cpu.MIN_ROWS.get(name, 0)}
-
-
 __all__ = ["Int4Weight", "Int8Weight", "forms", "prepare", "quantize"]

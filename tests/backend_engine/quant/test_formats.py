@@ -99,15 +99,19 @@ def test_every_cpu_form_matches_dequantize_then_matmul(name, make, rows, dtype):
         assert (out.float() - ref).abs().max() <= 2e-2 * scale, form
 
 
-def test_calibration_chooses_among_the_kinds_forms():
+def test_calibration_times_a_quantised_kind_only_when_it_has_a_choice(monkeypatch):
     import backend_engine.models.linear as module
 
     weights = [prepare(quantize_int8(_weight(64, 128, seed=s)), "cpu", torch.float32)
                for s in range(2)]
     linear = RowAwareLinear()
     linear.calibrate([weights], repeats=2)
+    assert not any(key[1] == "int8_cpu" for key in module._measured)  # one form: nothing timed
+    slow = dict(cpu.FORMS["int8_cpu"])
+    fast = {"int8_twice": lambda x, w: cpu._int8_mm(x, w), **slow}  # a second candidate
+    monkeypatch.setitem(cpu.FORMS, "int8_cpu", fast)
+    linear.calibrate([weights], repeats=2)
     for rows in (1, 16, 128):
-        assert linear.form((64, 128), rows, "int8_cpu") in cpu.FORMS["int8_cpu"]
-    assert ((64, 128), "int8_cpu", 1) not in module._measured  # one candidate: nothing timed
-    assert module._measured[((64, 128), "int8_cpu", 16)] in cpu.FORMS["int8_cpu"]
+        assert ((64, 128), "int8_cpu", rows) in module._measured
+        assert linear.form((64, 128), rows, "int8_cpu") in fast
     assert linear.form((64, 128), 1000, "int8_cpu") == linear.form((64, 128), 128, "int8_cpu")
