@@ -12,9 +12,11 @@ import yaml
 
 # Flags `kvgate up` sets on every replica/gateway itself; setting them under `engine:` or
 # `gateway:` would silently break the port layout or the thread split, so they are refused.
-_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key"}
+_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key",
+                         "quantization"}
 _MANAGED_GATEWAY_FLAGS = {"host", "port", "replica", "redis_url", "policy", "admin_key", "api_key"}
 _DEVICES = ("auto", "cpu", "cuda")
+_QUANTIZATIONS = (None, "none", "int8", "int4", "awq", "gptq")
 
 
 class ConfigError(ValueError):
@@ -34,6 +36,7 @@ class UpConfig:
     device: str = "auto"  # auto: cuda when `nvidia-smi -L` lists GPUs
     num_threads: int | None = None  # per CPU replica; None: max(1, cores // replicas)
     speculative_method: str | None = None
+    quantization: str | None = None  # every replica's --quantization (none/int8/int4/awq/gptq)
     admin_key: str | None = None  # None: one is generated per run and printed
     api_key: str | None = None  # user key for /v1/*; generated when gateways share Redis
     engine: dict[str, Any] = field(default_factory=dict)  # extra `kvgate engine` flags
@@ -54,6 +57,9 @@ class UpConfig:
             raise ConfigError(f"port {self.port} is not a TCP port")
         if self.device not in _DEVICES:
             raise ConfigError(f"device must be one of {list(_DEVICES)}, not {self.device!r}")
+        if self.quantization not in _QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {list(_QUANTIZATIONS[1:])}, "
+                              f"not {self.quantization!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("num_threads must be at least 1")
         if self.shutdown_grace_s <= 0 or self.health_timeout_s <= 0:
