@@ -177,11 +177,13 @@ def _gguf_meta_folder(gguf: Path) -> Path:
 
 
 def gguf_source(folder: Path) -> Path | None:
-    """The GGUF file a resolved folder was made from, if any."""
+    """The GGUF file whose tensors a resolved folder's weights are (a folder of config and
+    tokenizer only); None for folders with their own weights, dequantised GGUFs included."""
     source = folder / SOURCE_FILE
     if not source.is_file():
         return None
-    return Path(json.loads(source.read_text())["gguf"])
+    info = json.loads(source.read_text())
+    return Path(info["gguf"]) if info.get("weights") == "gguf" else None
 
 
 def _tiny_folder(arch: str) -> Path:

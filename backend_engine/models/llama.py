@@ -20,10 +20,11 @@ from backend_engine.quant.prepare import prepare, quantize
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # one fused op (bit-identical to x * rsqrt(mean(x^2) + eps) * weight in fp32)
     if x.dtype == torch.float32:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-    x32 = x.float()  # statistics in fp32, as transformers does, for bf16/fp16 models
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return F.rms_norm(x, weight.shape, weight, eps)
+    # bf16/fp16: normalise in fp32, round, then scale, in transformers' order
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 class DecoderLayer:
@@ -50,17 +51,19 @@ class DecoderLayer:
         self.post_attn_norm = model.to_compute(w("post_attention_layernorm.weight"))
         self.model = model
 
-    def __call__(self, hidden, positions, k_cache, v_cache, meta: AttentionMetadata):
+    def __call__(self, hidden, positions, k_cache, v_cache, meta: AttentionMetadata,
+                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None):
         m = self.model
         linear = m.linear
         residual = hidden
         x = rms_norm(hidden, self.input_norm, m.eps)
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.split([m.q_size, m.kv_size, m.kv_size], dim=-1)
-        q = q.view(-1, m.num_heads, m.head_dim)
-        k = k.view(-1, m.num_kv_heads, m.head_dim)
+        qk, v = qkv.split([m.q_size + m.kv_size, m.kv_size], dim=-1)
+        # q and k heads side by side: one rotation for both
+        qk = m.rotary.rotate(qk.view(-1, m.num_heads + m.num_kv_heads, m.head_dim),
+                             *(cos_sin or m.rotary.cos_sin(positions)))
+        q, k = qk.split([m.num_heads, m.num_kv_heads], dim=1)
         v = v.view(-1, m.num_kv_heads, m.head_dim)
-        q, k = m.rotary(positions, q, k)
         m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale)
         hidden = residual + linear(attn.reshape(-1, m.q_size), self.o_weight)
@@ -126,8 +129,9 @@ class LlamaModel:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata) -> torch.Tensor:
         hidden = F.embedding(input_ids, self.embed)
+        cos_sin = self.rotary.cos_sin(positions)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            hidden = layer(hidden, positions, k_cache, v_cache, meta)
+            hidden = layer(hidden, positions, k_cache, v_cache, meta, cos_sin)
         return rms_norm(hidden, self.norm, self.eps)
 
     @torch.inference_mode()

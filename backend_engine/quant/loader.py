@@ -45,7 +45,10 @@ def load_weights(folder: Path, hf_config, method: str | None) -> dict:
     from backend_engine.model_loader import gguf_source, load_state_dict
 
     gguf = gguf_source(folder)
-    if gguf is not None and method in ("int4", "int8"):
+    if gguf is not None:
+        if method not in ("int4", "int8"):
+            raise ModelLoadError(f"{folder} holds no weights of its own (they are read from "
+                                 f"{gguf.name}), which needs --quantization int4 or int8")
         from backend_engine.quant.gguf import load_gguf_weights
 
         heads = hf_config.num_attention_heads
