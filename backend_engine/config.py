@@ -14,7 +14,7 @@ class EngineConfig:
     dtype: str = "float32"
     quantization: str | None = None  # None: the checkpoint's own (awq/gptq) or none | "none" |
     #   "int8" | "int4" (quantise at load; a GGUF's tensors load directly) | "awq" | "gptq"
-    quantization_group_size: int = 64  # int4 at load: input features per scale/min (32/64/128)
+    quantization_group_size: int = 32  # int4 at load: input features per scale/min (32/64/128)
     device: str = "cpu"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     block_size: int = 16

@@ -42,7 +42,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="weights: int8 (per channel) / int4 (group-wise) quantise at load, a GGUF's "
                         "tensors load directly; awq/gptq load such checkpoints (default: the "
                         "checkpoint's own, else none)")
-    p.add_argument("--quantization-group-size", type=int, default=64, choices=[32, 64, 128],
+    p.add_argument("--quantization-group-size", type=int, default=32, choices=[32, 64, 128],
                    help="int4 at load: input features per scale and min")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)

@@ -77,7 +77,7 @@ class LlamaModel:
     def __init__(self, config, weights: dict[str, torch.Tensor], attention: AttentionBackend,
                  max_positions: int, dtype: torch.dtype, device: str = "cpu",
                  calibrate_matmuls: bool = True, quantization: str | None = None,
-                 quant_group_size: int = 64):
+                 quant_group_size: int = 32):
         self.config = config
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
