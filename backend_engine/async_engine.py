@@ -40,6 +40,8 @@ class AsyncLLMEngine:
         # one writer thread, so no lock is needed
         self._num_submitted = 0
         self._num_picked = 0
+        self._tokens_submitted = 0  # prompt tokens of those requests, likewise
+        self._tokens_picked = 0
         self._load = self.engine.load()  # refreshed by the engine thread after every step
 
     # -- facts about the model --------------------------------------------------------------
@@ -102,11 +104,13 @@ class AsyncLLMEngine:
         self.engine.check_request(prompt_token_ids, params, cache_salt, priority)
         limit = self.config.max_waiting
         if limit is not None and self.num_waiting() >= limit:
-            raise EngineOverloadedError("the waiting queue is full; retry later")
+            raise EngineOverloadedError("the waiting queue is full")
+        self._admit(len(prompt_token_ids) * params.n)
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (loop, stream)
         self._num_submitted += 1
+        self._tokens_submitted += len(prompt_token_ids) * params.n
         self._commands.put(("add", request_id, list(prompt_token_ids), params, cache_salt,
                             prompt, pin, priority))
         self._wake.set()
@@ -170,6 +174,30 @@ class AsyncLLMEngine:
     def _queued(self) -> int:
         return max(0, self._num_submitted - self._num_picked)
 
+    def queue_delay_s(self, prompt_tokens: int = 0) -> float:
+        """Expected wait before a request of prompt_tokens joining now gets its first token."""
+        load = self._load
+        pending = (load["pending_prefill_tokens"] + prompt_tokens
+                   + max(0, self._tokens_submitted - self._tokens_picked))
+        rate = load.get("drain_rate_tok_s") or 0.0
+        if pending <= 0 or load["running"] + load["waiting"] + self._queued() == 0:
+            return 0.0  # an idle replica takes the request at once
+        return pending / rate if rate > 0 else float("inf")
+
+    def _admit(self, prompt_tokens: int) -> None:
+        """Refuse (503 + Retry-After) a request that would wait past max_queue_delay_s."""
+        bound = self.config.max_queue_delay_s
+        if bound is None:
+            return
+        delay = self.queue_delay_s(prompt_tokens)
+        if delay <= bound:
+            return
+        self.engine.stats.admission_refused += 1
+        retry = int(min(30.0, max(1.0, delay - bound)))
+        raise EngineOverloadedError(
+            f"a new request would wait ~{min(delay, 9999):.0f} s for its first token here, over "
+            f"this replica's bound of {bound:g} s", retry)
+
     def num_waiting(self) -> int:
         return self._load["waiting"] + self._queued()
 
@@ -206,6 +234,7 @@ class AsyncLLMEngine:
             if cmd[0] == "add":
                 _, request_id, tokens, params, salt, prompt, pin, priority = cmd
                 self._num_picked += 1
+                self._tokens_picked += len(tokens) * params.n
                 if request_id not in self._streams:
                     continue  # aborted before it reached the engine
                 try:
@@ -253,6 +282,7 @@ class AsyncLLMEngine:
     def load(self) -> dict:
         load = dict(self._load)
         load["waiting"] += self._queued()
+        load["queue_delay_s"] = round(min(self.queue_delay_s(), 1e6), 3)
         return load
 
     def num_free_blocks(self) -> int:

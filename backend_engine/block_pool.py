@@ -32,6 +32,16 @@ class KVBlock:
     pin_cnt: int = 0  # pins holding this block (each also holds one reference)
 
 
+@dataclass(frozen=True, slots=True)
+class BlockOrigin:
+    """What a stored block holds, for publishers that describe blocks by their tokens (vLLM's
+    BlockStored): its parent's hash (None for a first block), its tokens, its namespace."""
+
+    parent: int | None
+    token_ids: tuple[int, ...]
+    namespace: str
+
+
 @dataclass(slots=True)
 class KVEvent:
     seq: int
@@ -39,6 +49,7 @@ class KVEvent:
     stored: list[int] = field(default_factory=list)
     removed: list[int] = field(default_factory=list)
     cleared: bool = False
+    origins: dict[int, BlockOrigin] | None = None  # of stored hashes, when the pool keeps them
 
     def to_dict(self) -> dict:
         return {"seq": self.seq, "ts": self.ts, "stored": self.stored, "removed": self.removed,
@@ -60,6 +71,8 @@ class BlockPool:
         self._stored: list[int] = []
         self._removed: list[int] = []
         self._cleared = False
+        self.keep_origins = False  # set by a ZMQ event publisher (server/kv_zmq_events.py)
+        self._origins: dict[int, BlockOrigin] = {}
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -104,7 +117,7 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free.push(block)
 
-    def cache_block(self, block: KVBlock, block_hash: int) -> None:
+    def cache_block(self, block: KVBlock, block_hash: int, origin: BlockOrigin | None = None) -> None:
         """Register a block that now holds a full block of verified tokens."""
         if not self.enable_caching or block.block_hash is not None:
             return
@@ -114,6 +127,8 @@ class BlockPool:
         block.hits = 0
         self.cached[block_hash] = block.block_id
         self._stored.append(block_hash)
+        if origin is not None and self.keep_origins:
+            self._origins[block_hash] = origin
 
     def _evict_hash(self, block: KVBlock) -> None:
         if block.block_hash is not None:
@@ -161,6 +176,7 @@ class BlockPool:
             block.hits = 0
         self.free = FreeBlockQueue(self.blocks, self.free.policy, self.free.protected_cap)
         self.cached.clear()
+        self._origins.clear()
         self._stored.clear()
         self._removed.clear()
         self._cleared = True
@@ -176,7 +192,11 @@ class BlockPool:
         touched = dict.fromkeys(self._stored + self._removed)
         stored = [h for h in touched if h in self.cached]
         removed = [h for h in touched if h not in self.cached]
-        event = KVEvent(self.event_seq, time.time(), stored, removed, self._cleared)
+        origins = None
+        if self._origins:
+            origins = {h: self._origins[h] for h in stored if h in self._origins}
+            self._origins = {}
+        event = KVEvent(self.event_seq, time.time(), stored, removed, self._cleared, origins)
         self._stored, self._removed, self._cleared = [], [], False
         self.events.append(event)
         return event

@@ -28,6 +28,9 @@ class EngineConfig:
     eviction_policy: str = "kvgate"  # "kvgate" (reused blocks outlive one-offs) | "lru"
     max_pinned_fraction: float = 0.25  # share of the KV pool that pinned prefixes may hold
     max_waiting: int | None = None  # None: unbounded waiting queue
+    target_itl_ms: float | None = None  # step budget for this inter-token latency; None: fixed
+    min_prefill_tokens: int = 32  # with target_itl_ms: prefill a step carries at the least
+    max_queue_delay_s: float | None = None  # refuse new requests (503) beyond this queue delay
     scheduling_policy: str = "priority"  # "priority" (lower value first) | "fcfs" (arrival only)
     seed: int = 0
     kv_event_buffer: int = 4096  # events kept for /kv/events replay
@@ -65,5 +68,11 @@ class EngineConfig:
                              "int8, int4, awq or gptq")
         if self.quantization_group_size not in (32, 64, 128):
             raise ValueError("quantization_group_size must be 32, 64 or 128")
+        if self.target_itl_ms is not None and self.target_itl_ms <= 0:
+            raise ValueError("target_itl_ms must be positive (or None for a fixed budget)")
+        if self.min_prefill_tokens < 1:
+            raise ValueError("min_prefill_tokens must be at least 1")
+        if self.max_queue_delay_s is not None and self.max_queue_delay_s <= 0:
+            raise ValueError("max_queue_delay_s must be positive (or None for no bound)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")

@@ -27,6 +27,8 @@ from backend_engine.scheduler import Scheduler
 from backend_engine.sequence import Sequence
 from backend_engine.spec_decode.controller import SpecController
 from backend_engine.spec_decode.proposers import build_proposer
+from backend_engine.step_budget import QueueDrain, StepBudget
+from backend_engine.step_cost import StepShape
 from routing.hashing import NAMESPACE_RULE, namespace_for
 
 
@@ -47,13 +49,23 @@ class LLMEngine:
                               config.max_pinned_fraction)
         self.kv = KVCacheManager(self.pool, config.block_size)
         self.pins = PinTable(self.pool, config.block_size)
-        self.scheduler = Scheduler(config, self.kv)
+        self.budget = self._step_budget(config)
+        self.drain = QueueDrain()
+        self.scheduler = Scheduler(config, self.kv, self.budget)
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
         self.eos_token_ids = self._eos_ids(files.folder)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.proposer = build_proposer(config, self.hf_config.vocab_size, self.max_model_len)
         self.spec = SpecController(config.speculative_max_batch) if self.proposer else None
+
+    def _step_budget(self, config: EngineConfig) -> StepBudget | None:
+        if config.target_itl_ms is None:
+            return None
+        from backend_engine.step_calibration import calibrated_model
+
+        return StepBudget(calibrated_model(self.runner), config.target_itl_ms / 1000,
+                          config.min_prefill_tokens, config.max_num_batched_tokens)
 
     def _max_model_len(self, config: EngineConfig) -> int:
         limit = self.hf_config.max_position_embeddings
@@ -172,14 +184,17 @@ class LLMEngine:
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         self._propose_drafts()
         sched = self.scheduler.schedule()
         self.stats.preemptions = self.scheduler.num_preemptions
         if not sched:
             self.pool.flush_events()
             return []
+        shape = self._shape(sched.scheduled)
         rows = {seq: self._sampling_rows(seq) for seq, _ in sched.scheduled}
         results = self.runner.execute(sched.scheduled, rows)
+        self._observe_step(shape, time.perf_counter() - started)
         now = time.monotonic()
         touched: dict[str, RequestState] = {}
         for seq, n in sched.scheduled:
@@ -218,6 +233,33 @@ class LLMEngine:
                 del self.requests[state.request_id]
                 self.stats.observe("e2e", now - state.arrival_time)
         return outputs
+
+    @staticmethod
+    def _shape(scheduled: list[tuple[Sequence, int]]) -> StepShape:
+        prefill = rows = context = pairs = 0
+        for seq, n in scheduled:
+            if seq.num_tokens - seq.num_computed_tokens > 1:  # a prompt chunk or recompute
+                prefill += n
+                pairs += n * (seq.num_computed_tokens + n)
+            else:
+                rows += n  # one row, plus one per draft to verify
+                context += n * seq.num_tokens
+        return StepShape(prefill, rows, context, pairs)
+
+    def _observe_step(self, shape: StepShape, seconds: float) -> None:
+        self.stats.observe("step", seconds)
+        if self.budget is not None:
+            self.budget.model.observe(shape, seconds)
+        self.drain.observe(shape.prefill_tokens, seconds, bool(self.scheduler.waiting))
+
+    def drain_rate(self) -> float:
+        """Prefill tokens per second the queue is retired at: measured while requests wait,
+        else the step budget's estimate under the current decodes (inf without a budget)."""
+        if self.drain.rate is not None:
+            return self.drain.rate
+        if self.budget is not None:
+            return self.budget.prefill_rate(self.scheduler.decode_load())
+        return float("inf")
 
     def _largest_need(self, finishing: Sequence) -> int:
         """KV blocks the largest other unfinished sequence may need (a pin must leave room)."""
@@ -295,6 +337,8 @@ class LLMEngine:
                 "num_free_blocks": self.pool.num_free_blocks,
                 "num_total_blocks": self.pool.num_blocks,
                 "pinned_blocks": self.pool.num_pinned_blocks,
+                "drain_rate_tok_s": round(min(self.drain_rate(), 1e9), 1),
+                **({"target_itl_s": self.budget.target_itl_s} if self.budget else {}),
                 "max_pinned_blocks": self.pool.max_pinned_blocks,
                 "by_priority": load_by_priority(self.scheduler.running, self.scheduler.waiting)}
 

@@ -27,7 +27,12 @@ class ModelLoadError(EngineError):
 
 
 class EngineOverloadedError(EngineError):
-    """The waiting queue is full (maps to HTTP 503 with Retry-After)."""
+    """The waiting queue is full, or would make a new request wait longer than the replica's
+    bound (maps to HTTP 503 with Retry-After: retry_after_s when set, else the server's)."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class EngineDeadError(EngineError):

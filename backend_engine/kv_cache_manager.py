@@ -3,7 +3,7 @@ caching of full verified blocks, forking for n > 1, and freeing."""
 
 from __future__ import annotations
 
-from backend_engine.block_pool import BlockPool, KVBlock
+from backend_engine.block_pool import BlockOrigin, BlockPool, KVBlock
 from backend_engine.sequence import Sequence
 from routing.hashing import block_hashes
 
@@ -23,8 +23,9 @@ class KVCacheManager:
     def enable_caching(self) -> bool:
         return self.pool.enable_caching
 
-    def _hashes_upto(self, seq: Sequence, num_tokens: int) -> list[int]:
-        """The sequence's block hashes covering the first num_tokens tokens (full blocks)."""
+    def _hash_upto(self, seq: Sequence, num_tokens: int) -> int:
+        """Extend seq.block_hashes to cover the first num_tokens tokens (full blocks only);
+        returns how many of them count (the list may hold more, from drafts rolled back)."""
         num_full = num_tokens // self.block_size
         have = len(seq.block_hashes)
         if have < num_full:
@@ -32,14 +33,15 @@ class KVCacheManager:
             seq.block_hashes.extend(block_hashes(
                 seq.token_ids[have * self.block_size: num_full * self.block_size],
                 seq.namespace, self.block_size, parent=parent))
-        return seq.block_hashes[:num_full]
+        return num_full
 
     def get_computed_blocks(self, seq: Sequence) -> tuple[list[KVBlock], int]:
         """Longest cached prefix; it stops one token short so the last one yields logits."""
         if not self.enable_caching:
             return [], 0
         blocks: list[KVBlock] = []
-        for h in self._hashes_upto(seq, seq.num_tokens - 1):
+        num_full = self._hash_upto(seq, seq.num_tokens - 1)
+        for h in seq.block_hashes[:num_full]:
             block = self.pool.lookup(h)
             if block is None:
                 break
@@ -81,23 +83,34 @@ class KVCacheManager:
             return False
         if computed_blocks:
             self.pool.touch(list(computed_blocks))
-            seq.block_table.extend(computed_blocks)
+            self._append(seq, computed_blocks)
             seq.num_computed_tokens += len(computed_blocks) * self.block_size
         need = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) \
             - len(seq.block_table)
         if need > 0:
-            seq.block_table.extend(self.pool.allocate(need))
+            self._append(seq, self.pool.allocate(need))
         return True
+
+    @staticmethod
+    def _append(seq: Sequence, blocks) -> None:
+        seq.block_table.extend(blocks)
+        seq.block_ids.extend(b.block_id for b in blocks)
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Publish blocks whose every token is computed and verified (never draft tokens)."""
         if not self.enable_caching:
             return
         verified = min(seq.num_computed_tokens, seq.num_tokens)
-        hashes = self._hashes_upto(seq, verified)
-        for block, h in zip(seq.block_table, hashes):
+        num_full = min(self._hash_upto(seq, verified), len(seq.block_table))
+        hashes, keep, bs = seq.block_hashes, self.pool.keep_origins, self.block_size
+        for i in range(seq.num_hashed_blocks, num_full):  # only blocks not seen before: O(new)
+            block = seq.block_table[i]
             if block.block_hash is None:
-                self.pool.cache_block(block, h)
+                origin = BlockOrigin(hashes[i - 1] if i else None,
+                                     tuple(seq.token_ids[i * bs:(i + 1) * bs]),
+                                     seq.namespace) if keep else None
+                self.pool.cache_block(block, hashes[i], origin)
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 
     def trim_to(self, seq: Sequence, num_tokens: int) -> None:
         """Drop blocks past num_tokens (rolling back unaccepted speculative slots)."""
@@ -105,9 +118,13 @@ class KVCacheManager:
         extra = seq.block_table[keep:]
         if extra:
             del seq.block_table[keep:]
+            del seq.block_ids[keep:]
+            seq.num_hashed_blocks = min(seq.num_hashed_blocks, keep)
             self.pool.release(list(reversed(extra)))
 
     def free(self, seq: Sequence) -> None:
         self.pool.release(list(reversed(seq.block_table)))
         seq.block_table = []
+        seq.block_ids = []
+        seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0

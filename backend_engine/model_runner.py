@@ -68,21 +68,25 @@ class ModelRunner:
 
     # -- batch preparation -----------------------------------------------------------------
     def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
-        bs, table = self.block_size, seq.block_table
-        return [table[p // bs].block_id * bs + p % bs for p in range(start, end)]
+        """Cache slots of positions [start, end): the new tokens of this step only."""
+        bs, ids = self.block_size, seq.block_ids
+        return [ids[p // bs] * bs + p % bs for p in range(start, end)]
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInputs:
+        """Inputs of one step. Python work is O(new tokens + blocks), never O(context)."""
         decodes = [(s, n) for s, n in scheduled if n == 1]
         prefills = [(s, n) for s, n in scheduled if n > 1]
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
         sample_index: list[int] = []
-        sampled: list[Sequence] = []
+        sampled: list[tuple[Sequence, int, int]] = []
         for seq, n in decodes + prefills:
             start = seq.num_computed_tokens
-            tokens = seq.token_ids + seq.spec_token_ids
-            input_ids.extend(tokens[start:start + n])
+            real = seq.token_ids[start:start + n]  # the new tokens, then any drafts
+            input_ids.extend(real)
+            if len(real) < n:
+                input_ids.extend(seq.spec_token_ids[:n - len(real)])
             positions.extend(range(start, start + n))
             slot_mapping.extend(self._slots(seq, start, start + n))
             if start + n >= seq.num_tokens:  # reached the last real token: sample (or verify)
@@ -95,10 +99,11 @@ class ModelRunner:
         if decodes:
             self._decode_metadata(meta, [s for s, _ in decodes])
         offset = len(decodes)
+        bs = self.block_size
         for seq, n in prefills:
             ctx = seq.num_computed_tokens + n
-            meta.prefills.append(PrefillChunk(
-                offset, n, ctx, torch.tensor(self._slots(seq, 0, ctx), dtype=torch.long)))
+            table = torch.tensor(seq.block_ids[:-(-ctx // bs)], dtype=torch.long)
+            meta.prefills.append(PrefillChunk(offset, n, ctx, table))
             offset += n
         if self.device.type != "cpu":
             self._move_to_device(meta)
@@ -108,29 +113,20 @@ class ModelRunner:
 
     def _move_to_device(self, meta: AttentionMetadata) -> None:
         if self.attention.name == "triton":  # int32 tables on the device, built once per step
-            meta.kernel = build_kernel_metadata(meta, self.block_size, self.device)
+            meta.kernel = build_kernel_metadata(meta, self.device)
         else:
-            for name in ("decode_context_slots", "decode_mask"):
-                value = getattr(meta, name)
-                if value is not None:
-                    setattr(meta, name, value.to(self.device, non_blocking=True))
+            if meta.decode_block_tables is not None:
+                meta.decode_block_tables = meta.decode_block_tables.to(self.device,
+                                                                       non_blocking=True)
             for chunk in meta.prefills:
-                chunk.context_slots = chunk.context_slots.to(self.device, non_blocking=True)
+                chunk.block_table = chunk.block_table.to(self.device, non_blocking=True)
         meta.slot_mapping = meta.slot_mapping.to(self.device, non_blocking=True)
 
     def _decode_metadata(self, meta: AttentionMetadata, seqs: list[Sequence]) -> None:
-        bs = self.block_size
-        context_lens = torch.tensor([s.num_computed_tokens + 1 for s in seqs])
-        max_blocks = max(len(s.block_table) for s in seqs)
-        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            tables[i, :len(s.block_table)] = torch.tensor([b.block_id for b in s.block_table])
-        max_ctx = int(context_lens.max())
-        pos = torch.arange(max_ctx)
-        meta.decode_context_slots = tables[:, pos // bs] * bs + pos % bs
-        meta.decode_mask = (pos.unsqueeze(0) < context_lens.unsqueeze(1))[:, None, None, :]
-        meta.decode_context_lens = context_lens
-        meta.decode_block_tables = tables
+        width = max(len(s.block_ids) for s in seqs)
+        meta.decode_block_tables = torch.tensor(
+            [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs], dtype=torch.long)
+        meta.decode_context_lens = torch.tensor([s.num_computed_tokens + 1 for s in seqs])
 
     # -- execution -------------------------------------------------------------------------
     @torch.inference_mode()

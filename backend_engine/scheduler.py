@@ -9,7 +9,11 @@ block shortage is the least urgent, newest sequence. A waiting sequence that fin
 blocks or budget taken by strictly less urgent running work takes them: those sequences skip the
 step (budget) or are preempted (seats, blocks). Only strictly less urgent work ever yields, and a
 step never re-admits what it preempted, so preemption cannot cycle. With one priority class this
-is exactly FCFS ("fcfs" ignores priorities altogether)."""
+is exactly FCFS ("fcfs" ignores priorities altogether).
+
+With a step budget (an inter-token latency target, step_budget.py), prefill chunks share the time
+the running decodes leave in the step, and a waiting sequence starts only while the decode step it
+joins stays inside the target; without one, every step hands out max_num_batched_tokens."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from backend_engine.config import EngineConfig
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.sequence import Sequence, SequenceStatus
+from backend_engine.step_budget import DecodeLoad, StepBudget
 from backend_engine.waiting_queue import WaitingQueue
 
 
@@ -36,7 +41,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager):
+    def __init__(self, config: EngineConfig, kv: KVCacheManager,
+                 step_budget: StepBudget | None = None):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.long_prefill_threshold = config.long_prefill_token_threshold
@@ -45,7 +51,9 @@ class Scheduler:
         self.waiting = WaitingQueue(self.rank)
         self.running: list[Sequence] = []  # serving order: priority, then admission
         self.num_preemptions = 0
+        self.step_budget = step_budget
         self._budget = 0  # tokens left in the step being scheduled
+        self._prefill = _PrefillTime(step_budget)  # prefill time left in that step
 
     def rank(self, seq: Sequence) -> int:
         """The sequence's priority class; one class for everything under FCFS."""
@@ -67,13 +75,30 @@ class Scheduler:
             n = min(n, self.long_prefill_threshold)
         return min(n, budget)
 
+    @staticmethod
+    def _prefilling(seq: Sequence) -> bool:
+        """More than one token of its own to compute (a prompt chunk or a recompute)."""
+        return seq.num_tokens - seq.num_computed_tokens > 1
+
+    def decode_load(self) -> DecodeLoad:
+        """The rows and context of the running sequences that decode this step."""
+        load = DecodeLoad()
+        for seq in self.running:
+            if not self._prefilling(seq):
+                load.rows += 1 + len(seq.spec_token_ids)
+                load.context_tokens += seq.num_tokens
+        return load
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self._budget = self.max_num_batched_tokens
+        self._prefill.begin(self.decode_load() if self.step_budget is not None else None)
         i = 0
         while i < len(self.running) and self._budget > 0:
             seq = self.running[i]
             n = self._cap(seq.num_tokens_with_spec - seq.num_computed_tokens, self._budget)
+            if self._prefilling(seq):
+                n = self._prefill.cap(n, seq.num_computed_tokens)
             if n <= 0:
                 i += 1
                 continue
@@ -86,6 +111,8 @@ class Scheduler:
             else:
                 out.scheduled.append((seq, n))
                 self._budget -= n
+                if self._prefilling(seq):
+                    self._prefill.charge(seq, n)
                 i += 1
                 continue
             break
@@ -94,6 +121,7 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
         held_back: list[Sequence] = []
+        seats = DecodeLoad(len(self.running), sum(s.num_tokens for s in self.running))
         while self.waiting:
             seq = self.waiting.peek()
             rank = self.rank(seq)
@@ -108,8 +136,11 @@ class Scheduler:
                 blocks, hit = self.kv.fork_blocks(parent, seq)
             else:
                 blocks, hit = self.kv.get_computed_blocks(seq)
+            if self.step_budget is not None and not self.step_budget.admits(seats, seq.num_tokens):
+                break  # one more running sequence would push every decode past the ITL target
             want = self._cap(seq.num_tokens - seq.num_computed_tokens - hit,
                              self.max_num_batched_tokens)
+            want = self._prefill.cap(want, seq.num_computed_tokens + hit)
             budget = self._budget
             if want > budget:
                 budget += self._yieldable(out, rank)
@@ -131,6 +162,9 @@ class Scheduler:
                 bisect.insort_right(self.running, seq, key=self.rank)
                 out.scheduled.append((seq, n))
                 self._budget -= n
+                self._prefill.charge(seq, n)
+                seats.rows += 1
+                seats.context_tokens += seq.num_tokens
                 continue
             break
         for seq in reversed(held_back):
@@ -175,6 +209,7 @@ class Scheduler:
             if seq is victim:
                 del out.scheduled[j]
                 self._budget += n
+                self._prefill.refund(seq)
                 break
         self._preempt(victim)
         out.preempted.append(victim)
@@ -182,6 +217,7 @@ class Scheduler:
 
     def _unschedule(self, seq: Sequence, n: int) -> None:
         self._budget += n
+        self._prefill.refund(seq)
         if seq.spec_token_ids:  # unverified drafts are proposed again next step
             seq.spec_token_ids = []
             seq.spec_draft_probs = None
@@ -209,3 +245,41 @@ class Scheduler:
         if any(s.is_finished for s in self.running):
             self.running = [s for s in self.running if not s.is_finished]
         self.waiting.remove_finished()
+
+
+class _PrefillTime:
+    """The prefill time of the step being scheduled: what the step budget leaves after the
+    running decodes, charged per chunk by its modelled cost, with a floor of
+    min_prefill_tokens a step so prefill never stalls. Inert without a step budget."""
+
+    def __init__(self, budget: StepBudget | None):
+        self.budget = budget
+        self.seconds = 0.0
+        self.tokens = 0
+        self.charged: dict[Sequence, tuple[int, float]] = {}
+
+    def begin(self, load: DecodeLoad | None) -> None:
+        self.charged.clear()
+        self.tokens = 0
+        if self.budget is not None and load is not None:
+            self.seconds = self.budget.prefill_seconds(load)
+
+    def cap(self, n: int, cached_context: int) -> int:
+        if self.budget is None:
+            return n
+        allowed = self.budget.chunk_tokens(self.seconds, cached_context)
+        allowed = max(allowed, self.budget.min_prefill_tokens - self.tokens)
+        return max(0, min(n, allowed))
+
+    def charge(self, seq: Sequence, n: int) -> None:
+        if self.budget is None:
+            return
+        cost = self.budget.chunk_seconds(n, seq.num_computed_tokens)
+        self.seconds = max(0.0, self.seconds - cost)
+        self.tokens += n
+        self.charged[seq] = (n, cost)
+
+    def refund(self, seq: Sequence) -> None:
+        n, cost = self.charged.pop(seq, (0, 0.0))
+        self.seconds += cost
+        self.tokens -= n

@@ -31,6 +31,8 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = -1  # prompt tokens served from the prefix cache (-1: not yet known)
     block_table: list[KVBlock] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)  # block_table's ids, kept in step with it
+    num_hashed_blocks: int = 0  # leading blocks of block_table known to carry their hash
     block_hashes: list[int] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)  # drafted, not yet verified
     spec_draft_probs: Any = None  # [len(spec), V] draft-model probabilities (None: n-gram)

@@ -57,8 +57,8 @@ def _forward_logprobs(model, ids: list[int], score_from: int = 1) -> torch.Tenso
     for start in range(0, n, CHUNK):
         end = min(n, start + CHUNK)
         slots = torch.arange(start, end)
-        meta = AttentionMetadata(slot_mapping=slots,
-                                 prefills=[PrefillChunk(0, end - start, end, torch.arange(end))])
+        meta = AttentionMetadata(slot_mapping=slots, prefills=[
+            PrefillChunk(0, end - start, end, torch.arange(-(-end // block)))])
         hidden = model.forward(torch.tensor(ids[start:end]), slots, caches, meta)
         out.append(torch.log_softmax(model.compute_logits(hidden), dim=-1))
     return torch.cat(out)

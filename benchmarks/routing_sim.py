@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchmarks import sim_workloads as wl
 from benchmarks.sim_engine import SimResult, simulate
+from benchmarks.sim_foreign import run_foreign
 from benchmarks.sim_replica import pooled_upper_bound
 from routing.policies import REGISTRY
 
@@ -59,6 +60,20 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
     else:
         print(f"(e) skipped: trace not found at {trace}")
     return out
+
+
+def foreign_workloads(args: argparse.Namespace) -> list[Workload]:
+    """Caches that evict under pressure: (a) as above, (p) the same on half the KV cache, (b)
+    multi-turn chats."""
+    bs, n = args.block_size, args.requests
+    return [
+        Workload("a", "multi-tenant system prompts",
+                 wl.multi_tenant(random.Random(args.seed), n, args.rate, bs), 1024),
+        Workload("p", "multi-tenant, half the KV cache",
+                 wl.multi_tenant(random.Random(args.seed), n, args.rate, bs), 512),
+        Workload("b", "multi-turn chats",
+                 wl.multi_turn(random.Random(args.seed + 1), n, args.rate * 0.75, bs), 1024),
+    ]
 
 
 def run_workload(w: Workload, policies: list[str], replicas: int, seed: int) -> tuple[float, list[SimResult]]:
@@ -129,9 +144,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--foreign", action="store_true",
+                        help="replicas publishing vLLM-format KV events: zmq vs native vs approximate")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
+    if args.foreign:
+        summary = run_foreign(foreign_workloads(args), args.replicas, args.seed, args.block_size)
+        print(f"\nelapsed {time.perf_counter() - started:.1f}s")
+        print(json.dumps(summary))
+        return summary
     policies = list(REGISTRY)
     all_results = {}
     for w in build_workloads(args):

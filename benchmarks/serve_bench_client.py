@@ -1,4 +1,5 @@
-"""The async load client: streams `/v1/completions` over httpx and times every chunk.
+"""The async load client: streams `/v1/completions` (token-id prompts) or `/v1/chat/completions`
+(text prompts, sent as one user message) over httpx and times every chunk.
 
 httpx rather than the openai SDK: on this 2-core machine the client shares the CPU with the
 replicas, and the SDK's per-chunk pydantic parsing costs measurable TTFT under load. The wire
@@ -27,6 +28,7 @@ class RequestResult:
     ttft: float | None = None
     e2e: float | None = None
     itl: list[float] = field(default_factory=list)  # gaps between streamed chunks after the first
+    token_times: list[float] = field(default_factory=list)  # run-relative time of each chunk
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -48,6 +50,7 @@ class LoadSpec:
     rate: float | None = None  # None: closed loop (jobs back to back); else jobs start at Job.arrival
     duration_s: float = 120.0  # no job starts after this; requests in flight are awaited
     request_timeout_s: float = 120.0
+    window_s: float | None = None  # hard end: requests still in flight then are cut off
 
 
 def check_loopback(url: str) -> None:
@@ -83,10 +86,16 @@ class LoadClient:
         async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout) as client:
             self._client = client
             self._t0 = time.perf_counter()
-            if self.spec.rate is None:
-                await self._closed_loop(jobs)
+            run = self._closed_loop(jobs) if self.spec.rate is None else self._open_loop(jobs)
+            if self.spec.window_s is None:
+                await run
             else:
-                await self._open_loop(jobs)
+                try:
+                    await asyncio.wait_for(run, self.spec.window_s)
+                except asyncio.TimeoutError:
+                    for res in self.results:
+                        if not res.ok and not res.error:
+                            res.error = "cut off at the end of the window"
             self.elapsed = time.perf_counter() - self._t0
         return self.results
 
@@ -133,13 +142,19 @@ class LoadClient:
             g = self._pick_gateway()
             res = RequestResult(spec.group, self._now(), gateway=g)
             self.results.append(res)
-            body = {"model": self.spec.model, "prompt": spec.prompt, "max_tokens": spec.max_tokens,
+            body = {"model": self.spec.model, "max_tokens": spec.max_tokens,
                     "temperature": 0.0, "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}}
+            if isinstance(spec.prompt, str):
+                path = "/chat/completions"
+                body["messages"] = [{"role": "user", "content": spec.prompt}]
+            else:
+                path = "/completions"
+                body["prompt"] = spec.prompt
             start = time.perf_counter()
             last = None
             try:
-                async with self._client.stream("POST", self.spec.base_urls[g] + "/completions", json=body) as resp:
+                async with self._client.stream("POST", self.spec.base_urls[g] + path, json=body) as resp:
                     if resp.status_code != 200:
                         res.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                         return
@@ -151,7 +166,9 @@ class LoadClient:
                         if chunk.get("error"):
                             res.error = str(chunk["error"])[:200]
                             return
-                        if any(c.get("text") for c in chunk.get("choices") or []):
+                        if any(c.get("text") or (c.get("delta") or {}).get("content")
+                               for c in chunk.get("choices") or []):
+                            res.token_times.append(now - self._t0)
                             if last is None:
                                 res.ttft = now - start
                             else:

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.launcher.config import UpConfig
-from kvgate.launcher.plan import build_plan, count_cores, port_is_free
+from kvgate.launcher.plan import DEFAULT_CPU_REPLICAS, build_plan, count_cores, port_is_free
 from kvgate.launcher.supervisor import Supervisor
+from kvgate.launcher.tokenizer import tokenizer_folder
 
 
 @dataclass(slots=True)
@@ -34,27 +35,39 @@ def _free_base_port(count: int, host: str = "127.0.0.1") -> int:
     raise RuntimeError("no run of free loopback ports found")
 
 
-class Cluster:
-    """Context manager: replicas (+ Redis) + gateways up and healthy inside, all stopped after."""
+def bench_config(spec: ClusterSpec, log_dir: Path) -> UpConfig:
+    """The `kvgate up` configuration of a benchmark cluster described by `spec`."""
+    return UpConfig(
+        model=spec.model, replicas=spec.replicas, gateways=spec.gateways, policy=spec.policy,
+        device="cpu", num_threads=spec.num_threads,
+        engine={"num_kv_blocks": spec.num_kv_blocks, "max_num_seqs": spec.max_num_seqs},
+        # Stopping between policies should be quick; nothing is in flight by then.
+        shutdown_grace_s=5.0, health_timeout_s=300.0, log_dir=str(log_dir), log_level="warning")
 
-    def __init__(self, spec: ClusterSpec, log_root: Path | None = None, say=print) -> None:
+
+class Cluster:
+    """Context manager: replicas (+ Redis) + gateways up and healthy inside, all stopped after.
+    Give a ClusterSpec (the benchmark's small cluster) or a whole UpConfig (e.g. `kvgate up`'s
+    defaults); the ports are chosen here."""
+
+    def __init__(self, spec: ClusterSpec | UpConfig, log_root: Path | None = None,
+                 say=print) -> None:
         self.spec = spec
         self.say = say
         self.log_dir = Path(tempfile.mkdtemp(prefix="serve-bench-", dir=log_root))
-        self.config = UpConfig(
-            model=spec.model, replicas=spec.replicas, gateways=spec.gateways, policy=spec.policy,
-            port=_free_base_port(spec.replicas + spec.gateways), device="cpu",
-            num_threads=spec.num_threads,
-            engine={"num_kv_blocks": spec.num_kv_blocks, "max_num_seqs": spec.max_num_seqs},
-            # Stopping between policies should be quick; nothing is in flight by then.
-            shutdown_grace_s=5.0, health_timeout_s=300.0, log_dir=str(self.log_dir), log_level="warning",
-            # Our own keys: UpConfig.fill_keys' token_urlsafe admin key starts with "-" one time in
-            # 64, and the gateway's argparse then takes it for a flag and exits.
-            admin_key="admin-" + secrets.token_hex(16),
-            api_key=("sk-bench-" + secrets.token_hex(16)) if spec.gateways > 1 else None)
+        self.config = spec if isinstance(spec, UpConfig) else bench_config(spec, self.log_dir)
+        self.config.log_dir = str(self.log_dir)
+        self.config.port = _free_base_port(
+            (self.config.replicas or DEFAULT_CPU_REPLICAS) + self.config.gateways)
+        # Our own keys: UpConfig.fill_keys' token_urlsafe admin key starts with "-" one time in
+        # 64, and the gateway's argparse then takes it for a flag and exits.
+        self.config.admin_key = self.config.admin_key or "admin-" + secrets.token_hex(16)
+        if self.config.gateways > 1 and self.config.api_key is None:
+            self.config.api_key = "sk-bench-" + secrets.token_hex(16)
         self.config.validate()
         self.config.fill_keys()  # admin key always; a user key when gateways share Redis
-        self.plan = build_plan(self.config, gpus=0, cores=count_cores())
+        self.plan = build_plan(self.config, gpus=0, cores=count_cores(),
+                               tokenizer_folder=tokenizer_folder(self.config.model))
         self.supervisor: Supervisor | None = None
 
     @property

@@ -21,7 +21,7 @@ TOKEN_LOW, TOKEN_HIGH = 100, 30_000
 
 @dataclass(slots=True)
 class RequestSpec:
-    prompt: list[int]
+    prompt: list[int] | str  # token ids (/v1/completions) or text (one chat user message)
     max_tokens: int
     group: str = ""  # tenant, session or burst: for reading results, never for routing
 

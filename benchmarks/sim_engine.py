@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from benchmarks.sim_foreign import ZmqFeeds
 from benchmarks.sim_replica import SimReplica, SimRequest
 from routing.policies import make_policy
 from routing.router import Router
@@ -46,7 +47,11 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 def simulate(requests: Sequence[SimRequest], policy: str, replicas: int, capacity_blocks: int,
              block_size: int = 16, gateways: int = 1, shared: bool = True,
-             event_lag_s: float = 0.05, seed: int = 0) -> SimResult:
+             event_lag_s: float = 0.05, seed: int = 0, feed: str = "native",
+             zmq: ZmqFeeds | None = None, approx_capacity_blocks: int | None = None) -> SimResult:
+    """`feed`: "native" (kvgate's /kv/events: blocks and load), "zmq" (vLLM-format events
+    through `zmq`: blocks only, no load reports) or "none" (no events: the approximate index,
+    an LRU of `approx_capacity_blocks`, by default the replicas' true capacity)."""
     now = [0.0]
     clock = lambda: now[0]  # noqa: E731 - the routers read simulated time
     sims = {f"r{i}": SimReplica(f"r{i}", capacity_blocks, block_size) for i in range(replicas)}
@@ -57,6 +62,10 @@ def simulate(requests: Sequence[SimRequest], policy: str, replicas: int, capacit
                         clock=clock, index=first.index if first else None,
                         load=first.load if first else None)
         for name, sim in sims.items():
+            if feed == "none":
+                router.add_replica(name, approximate=True,
+                                   capacity_blocks=approx_capacity_blocks or capacity_blocks)
+                continue
             router.add_replica(name)
             router.on_snapshot(name, {"seq": 0, "block_size": block_size, "blocks": [],
                                       "load": sim.load()})
@@ -67,18 +76,25 @@ def simulate(requests: Sequence[SimRequest], policy: str, replicas: int, capacit
     heap: list[tuple[float, int, int, object]] = []
     order = itertools.count()
     reqs = [SimRequest(r.arrival, r.hashes, r.prompt_tokens, r.output_tokens, r.session,
-                       f"q{i}") for i, r in enumerate(requests)]
+                       f"q{i}", token_ids=r.token_ids) for i, r in enumerate(requests)]
     for req in reqs:
         heapq.heappush(heap, (req.arrival, next(order), ARRIVE, req))
 
-    def broadcast(name: str, event: dict) -> None:
+    def broadcast(name: str, event: dict, req: SimRequest | None = None) -> None:
+        if feed == "none":
+            return
+        if feed == "zmq":
+            payload = zmq.encode(name, event, req)
+            for router in feeds if payload is not None else ():
+                heapq.heappush(heap, (now[0] + event_lag_s, next(order), EVENT, (router, name, payload)))
+            return
         for router in feeds:
             heapq.heappush(heap, (now[0] + event_lag_s, next(order), EVENT, (router, name, event)))
 
     def maybe_start(sim: SimReplica) -> None:
         if sim.prefilling is None and sim.queue:
             req, duration, event = sim.start_prefill()
-            broadcast(sim.name, event)
+            broadcast(sim.name, event, req)
             heapq.heappush(heap, (now[0] + duration, next(order), PREFILL_DONE, req))
 
     arrivals = 0
@@ -97,7 +113,9 @@ def simulate(requests: Sequence[SimRequest], policy: str, replicas: int, capacit
             maybe_start(sim)
         elif kind == EVENT:
             router, name, event = payload
-            if not router.on_event(name, event):
+            if feed == "zmq":
+                zmq.deliver(router, name, event)
+            elif not router.on_event(name, event):
                 sim = sims[name]  # a gap: re-read the snapshot, as a gateway would
                 router.on_snapshot(name, {"seq": sim.seq, "block_size": block_size,
                                           "blocks": list(sim.cache), "load": sim.load()})

@@ -30,6 +30,7 @@ class SimRequest:
     output_tokens: int
     session: str | None = None
     request_id: str = ""
+    token_ids: Sequence[int] | None = None  # the prompt, for feeds that describe blocks by tokens
     # filled in by the simulation
     replica: str = ""
     gateway: int = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from pathlib import Path
 
 from benchmarks.sim_replica import SimRequest
@@ -20,7 +21,8 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
 
 def _request(arrival: float, tokens: list[int], output: int, bs: int, ns: str = MODEL,
              session: str | None = None) -> SimRequest:
-    return SimRequest(arrival, block_hashes(tokens, ns, bs), len(tokens), output, session)
+    return SimRequest(arrival, block_hashes(tokens, ns, bs), len(tokens), output, session,
+                      token_ids=array("I", tokens))
 
 
 def multi_tenant(rng: random.Random, n: int, rate: float, bs: int, tenants: int = 24,

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from gateway.kv_events_spec import KvEventsSpecError, parse_kv_events
 from gateway.replicas import Replica
 from gateway.state import GatewayState
 from kvgate.protocol.errors import bad_request, not_found
@@ -31,6 +32,7 @@ class AddReplica(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     url: str = Field(min_length=8, pattern=r"^https?://")
     name: str | None = Field(default=None, min_length=1, max_length=128)
+    kv_events: str | None = Field(default=None, min_length=6, max_length=512)  # as --kv-events
 
 
 class SetPolicy(BaseModel):
@@ -51,7 +53,9 @@ def replica_view(state: GatewayState, replica: Replica) -> dict:
         "status": replica.status, "health": replica.health, "health_detail": replica.health_detail,
         "draining": replica.draining, "routable": replica.routable(),
         "circuit": replica.breaker.state, "consecutive_failures": replica.breaker.consecutive_failures,
-        "index": "exact" if replica.exact else "approximate",
+        "index": "exact" if replica.exact else "approximate", "index_mode": replica.index_mode,
+        "event_lag_s": replica.event_lag_s,
+        "kv_events": None if replica.kv_feed is None else replica.kv_feed.to_dict(),
         "index_blocks": 0 if index_state is None else len(index_state.blocks),
         "index_synced": bool(index_state and index_state.synced), "kv_connected": replica.kv_connected,
         "tokenizer_parity": replica.parity,
@@ -88,7 +92,12 @@ async def add_replica(request: Request) -> dict:
     body = parse_request(AddReplica, await request.body())
     if body.name is not None and body.name in state.replicas:
         raise bad_request(f"A replica named {body.name!r} exists already.", "name")
-    replica = await state.add_replica(body.url, body.name)
+    if body.kv_events is not None:
+        try:
+            parse_kv_events(body.kv_events)
+        except KvEventsSpecError as exc:
+            raise bad_request(str(exc), "kv_events") from None
+    replica = await state.add_replica(body.url, body.name, body.kv_events)
     return replica_view(state, replica)
 
 
@@ -136,6 +145,7 @@ async def summary(request: Request) -> dict:
     return {**state.stats.summary(),
             "policy": state.router.policy.name, "policies": sorted(REGISTRY),
             "redis": {"configured": state.store is not None, "state": state.shared.state.value},
+            "overload_queue": state.overload.summary(),
             "index": {"resident_entries": size.resident_entries,
                       "predicted_entries": size.predicted_entries,
                       "estimated_bytes": size.estimated_bytes, "evictions": size.evictions,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from gateway.kv_events_spec import KvEventsSpecError, parse_kv_events
 from kvgate.protocol.common import MAX_PRIORITY, MIN_PRIORITY
 
 
@@ -30,6 +31,7 @@ class ApiKey:
 @dataclass(slots=True)
 class GatewayConfig:
     replicas: list[str] = field(default_factory=list)
+    kv_events: dict[str, str] = field(default_factory=dict)  # replica URL -> ZMQ spec (--kv-events)
     host: str = "127.0.0.1"
     port: int = 8080
     redis_url: str | None = None
@@ -46,6 +48,8 @@ class GatewayConfig:
     failure_threshold: int = 3  # consecutive failures that open a replica's circuit
     circuit_cooldown_s: float = 5.0
     max_in_flight: int = 0  # per replica, across gateways when Redis is shared; 0 = unlimited
+    max_queued_requests: int = 1024  # wait here when every replica refuses for load; 0: refuse
+    max_queue_wait_s: float = 600.0  # the longest a request waits here before its 503
     lease_s: float = 30.0  # a booking in Redis expires unless its gateway renews it (lease_s / 3)
     approx_capacity_blocks: int = 8192  # LRU size for replicas without KV events
     connect_timeout_s: float = 2.0
@@ -60,7 +64,7 @@ class GatewayConfig:
 
 
 _SCALARS = {name for name in GatewayConfig.__dataclass_fields__
-            if name not in ("replicas", "api_keys", "tokenizers")}
+            if name not in ("replicas", "kv_events", "api_keys", "tokenizers")}
 
 
 def _api_key(raw: dict | str, i: int, isolate_default: bool) -> ApiKey:
@@ -79,6 +83,18 @@ def _api_key(raw: dict | str, i: int, isolate_default: bool) -> ApiKey:
     except ValueError as exc:
         raise ConfigError(f"api_keys[{i}]: {exc}") from None
     return key
+
+
+def _replica_entry(entry: object, i: int, config: GatewayConfig) -> str:
+    """A replica URL, or `{url: URL, kv_events: "tcp://HOST:5557,replay=tcp://HOST:5558"}`."""
+    if isinstance(entry, str):
+        return entry
+    if not isinstance(entry, dict) or not isinstance(entry.get("url"), str) \
+            or set(entry) - {"url", "kv_events"}:
+        raise ConfigError(f"replicas[{i}] must be a URL or a mapping with 'url' (and 'kv_events')")
+    if entry.get("kv_events"):
+        config.kv_events[entry["url"].rstrip("/")] = str(entry["kv_events"])
+    return entry["url"]
 
 
 def check_key_priority(priority: object, max_priority: object) -> None:
@@ -106,7 +122,8 @@ def load_file(path: str | Path, config: GatewayConfig) -> GatewayConfig:
         raise ConfigError(f"config file {path}: unknown fields {sorted(unknown)}")
     for name in _SCALARS & set(data):
         setattr(config, name, data[name])
-    config.replicas += list(data.get("replicas") or [])
+    for i, entry in enumerate(data.get("replicas") or []):
+        config.replicas.append(_replica_entry(entry, i, config))
     config.tokenizers.update(data.get("tokenizers") or {})
     config.api_keys += [_api_key(k, i, config.isolate_cache_by_key)
                         for i, k in enumerate(data.get("api_keys") or [])]
@@ -126,12 +143,19 @@ def apply_env(config: GatewayConfig, env: dict[str, str] | None = None) -> Gatew
 
 
 def validate(config: GatewayConfig) -> GatewayConfig:
+    for url, spec in config.kv_events.items():
+        try:
+            parse_kv_events(spec)
+        except KvEventsSpecError as exc:
+            raise ConfigError(f"replica {url}: {exc}") from None
     if config.max_attempts < 1:
         raise ConfigError("max_attempts must be at least 1")
     if config.lease_s <= 0:
         raise ConfigError("lease_s must be positive")
     if config.failure_threshold < 1:
         raise ConfigError("failure_threshold must be at least 1")
+    if config.max_queued_requests < 0 or config.max_queue_wait_s <= 0:
+        raise ConfigError("max_queued_requests must be >= 0 and max_queue_wait_s positive")
     names = [k.name for k in config.api_keys]
     if any("|" in name for name in names):
         raise ConfigError("api key names may not contain '|' (it separates tenant and salt)")

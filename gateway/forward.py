@@ -1,6 +1,8 @@
 """Route, send, and fail over: each attempt asks the policy for the best replica not yet tried;
 a failure before the first byte books nothing and moves on after a jittered backoff; once bytes
-have reached the client, an upstream failure ends the stream with an OpenAI error event."""
+have reached the client, an upstream failure ends the stream with an OpenAI error event. A
+replica that refuses for load (503 engine_overloaded) is skipped without counting as a failure;
+when all refuse, the request waits in the gateway's overload queue (overload_queue.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import httpx
 from starlette.responses import Response
 
+from gateway.overload_queue import QueueFull, QueueTimeout
 from gateway.replicas import Replica
 from gateway.state import GatewayState
 from gateway.stats import DecisionRecord
@@ -45,18 +48,63 @@ def _exclusions(state: GatewayState, model: str, tried: set[str]) -> set[str]:
             if name in tried or model not in r.models or not r.routable()}
 
 
+@dataclass(slots=True)
+class Overloaded:
+    """Every replica that could take the request refused it for load."""
+    retry_after_s: float
+
+
 async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
+    if not len(state.overload):  # nobody is waiting for room: try the replicas at once
+        outcome = await _attempts(state, routed)
+        if not isinstance(outcome, Overloaded):
+            return outcome
+    else:
+        outcome = None
+    return await _forward_queued(state, routed, outcome)
+
+
+async def _forward_queued(state: GatewayState, routed: RoutedRequest,
+                          refusal: Overloaded | None) -> Response:
+    """Wait in the gateway's overload queue, in arrival order, and retry at its head."""
+    queue = state.overload
+    try:
+        async with queue.holding(routed.request_id) as ticket:
+            await queue.wait_turn(ticket)
+            while True:
+                if refusal is not None:
+                    await queue.wait_retry(ticket, refusal.retry_after_s)
+                outcome = await _attempts(state, routed)
+                if not isinstance(outcome, Overloaded):
+                    return outcome
+                refusal = outcome
+    except (QueueFull, QueueTimeout) as exc:
+        state.stats.record_request(None, ok=False)
+        state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
+        state.metrics.overload_refused.labels(type(exc).__name__).inc()
+        retry = int(max(1.0, refusal.retry_after_s if refusal else 1.0))
+        raise service_unavailable(f"Every replica is at capacity and {exc}; retry later.",
+                                  retry, "gateway_overloaded") from None
+
+
+async def _attempts(state: GatewayState, routed: RoutedRequest) -> Response | Overloaded:
+    """One pass over the replicas, best first, until one answers. A replica that refuses for
+    load is skipped without counting as a failure; if all refuse, the request may wait."""
     tried: set[str] = set()
     last: UpstreamFailure | None = None
+    refusals: list[float] = []
     config = state.config
-    for attempt in range(1, config.max_attempts + 1):
+    failures = 0
+    attempt = 0
+    while failures < config.max_attempts:
+        attempt += 1
         t0 = time.perf_counter()
         try:
             decision = await state.shared.route_hashes(
                 routed.hashes, routed.prompt_tokens, f"{routed.request_id}-{attempt}",
                 exclude=_exclusions(state, routed.model, tried), priority=routed.priority)
         except NoReplicaAvailable as exc:
-            if last is not None:
+            if last is not None or refusals:
                 break
             state.stats.record_request(None, ok=False)
             state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
@@ -76,12 +124,20 @@ async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
                                               routed.headers)
         except UpstreamFailure as failure:
             await _release(state, decision, lease)
+            tried.add(replica.name)
+            if failure.reason == "overloaded":  # healthy, only busy: no breaker, no backoff
+                replica.breaker.record_success()
+                record.status, record.error = 503, str(failure)
+                refusals.append(failure.retry_after_s or 1.0)
+                state.metrics.retries.labels("overloaded").inc()
+                continue
             _note_failure(state, replica, record, failure.status or 502, str(failure))
             last = failure
-            tried.add(replica.name)
-            if attempt < config.max_attempts:
+            failures += 1
+            if failures < config.max_attempts:
                 state.metrics.retries.labels(failure.reason).inc()
-                await asyncio.sleep(config.retry_backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+                await asyncio.sleep(config.retry_backoff_s * 2 ** (failures - 1)
+                                    * random.uniform(0.5, 1.5))
             continue
         except BaseException:  # cancelled (the client left before the replica answered)
             await _release(state, decision, lease)
@@ -91,6 +147,8 @@ async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
         if routed.stream and upstream.status_code == 200:
             return _stream(state, routed, replica, decision, record, upstream, lease)
         return await _buffered(state, routed, replica, decision, record, upstream, lease)
+    if refusals and last is None:
+        return Overloaded(min(refusals))
     raise _all_failed(state, routed, last)
 
 
@@ -113,6 +171,7 @@ async def _release(state: GatewayState, decision: Decision, lease: asyncio.Task 
     if lease is not None:
         lease.cancel()
     await state.shared.finish(decision.request_id)
+    state.overload.notify_freed()
 
 
 def _record(routed: RoutedRequest, decision: Decision, attempt: int) -> DecisionRecord:

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from typing import TYPE_CHECKING
 
 import httpx
@@ -88,4 +89,6 @@ async def _sync_once(state: GatewayState, replica: Replica) -> None:
                 return
             elif not state.router.on_event(replica.name, event):
                 return  # a gap: re-read the snapshot
+            elif "ts" in event:
+                replica.event_lag_s = max(0.0, time.time() - float(event["ts"]))
     raise httpx.ReadError("event stream ended")

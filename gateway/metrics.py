@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.circuit import STATE_CODES
+from gateway.kv_feed_metrics import KvFeedCollector
 from gateway.prefix_advice_metrics import PrefixAdviceMetrics
 from gateway.replicas import HEALTHY
 from routing.redis_store import StoreState
@@ -45,6 +46,11 @@ class GatewayMetrics:
                               buckets=LATENCY_BUCKETS, registry=r)
         self.retries = Counter(p + "retries_total", "Attempts moved to another replica", ["reason"],
                                registry=r)
+        self.queued = Gauge(p + "overload_queue_requests",
+                            "Requests waiting because every replica refused them for load", registry=r)
+        self.overload_refused = Counter(p + "overload_refused_total",
+                                        "Requests answered 503 by the overload queue (full, timeout)",
+                                        ["reason"], registry=r)
         self.rate_limited = Counter(p + "rate_limited_total", "Requests refused by rate limits",
                                     ["key"], registry=r)
         self.stream_errors = Counter(p + "stream_errors_total",
@@ -61,6 +67,7 @@ class GatewayMetrics:
                                   ["outcome"], registry=r)
         self.redis_state = Gauge(p + "redis_state", "1 for the current shared-state mode", ["state"], registry=r)
         self.prefix_advice = PrefixAdviceMetrics(r, p)
+        self.kv_feeds = KvFeedCollector(r, p)
 
     def render(self, state: GatewayState) -> bytes:
         for replica in state.replicas.values():
@@ -69,6 +76,7 @@ class GatewayMetrics:
             self.routable.labels(replica.name).set(1 if replica.routable() else 0)
         for name, count in state.in_flight_by_replica().items():
             self.in_flight.labels(name).set(count)
+        self.queued.set(len(state.overload))
         size = state.router.index.size()
         self.index_entries.labels("resident").set(size.resident_entries)
         self.index_entries.labels("predicted").set(size.predicted_entries)
@@ -78,6 +86,7 @@ class GatewayMetrics:
         for mode in StoreState:
             self.redis_state.labels(mode.value).set(1 if mode is current else 0)
         self.prefix_advice.refresh(state.advice)
+        self.kv_feeds.replicas = state.replicas.values()
         return generate_latest(self.registry)
 
     def forget_replica(self, name: str) -> None:

@@ -34,6 +34,9 @@ class Replica:
     exact: bool = True  # serves /kv/snapshot + /kv/events; False: approximate index
     kv_connected: bool = False
     kv_resyncs: int = 0
+    kv_source: str = "kvgate"  # exact entries from "kvgate" (/kv/events) or "zmq" (--kv-events)
+    event_lag_s: float | None = None  # age of the last applied event batch, by its timestamp
+    kv_feed: object | None = field(default=None, repr=False)  # a ZMQ feed's counters (FeedStats)
     parity: str = "unchecked"  # "ok", "mismatch: …", "unavailable", "unchecked"
     load: dict = field(default_factory=dict)  # the engine's last report
     counts: ReplicaCounts = field(default_factory=ReplicaCounts)
@@ -50,6 +53,11 @@ class Replica:
             if not waiter.done():
                 waiter.set_result(None)
         self.down_waiters.clear()
+
+    @property
+    def index_mode(self) -> str:
+        """What the dashboard shows: exact (kvgate), exact (zmq) or approximate."""
+        return f"exact ({self.kv_source})" if self.exact else "approximate"
 
     @property
     def status(self) -> str:

@@ -16,7 +16,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         load_file(args.config, config)
     apply_env(config)
     config.replicas += args.replica
-    for name in ("redis_url", "policy", "host", "port", "admin_key", "max_in_flight"):
+    config.kv_events.update(getattr(args, "kv_events", None) or {})
+    for name in ("redis_url", "policy", "host", "port", "admin_key", "max_in_flight",
+                 "max_queued_requests", "max_queue_wait_s"):
         value = getattr(args, name)
         if value is not None:
             setattr(config, name, value)

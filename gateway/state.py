@@ -14,8 +14,10 @@ from gateway.auth import KeyStore
 from gateway.circuit import CircuitBreaker
 from gateway.config import GatewayConfig
 from gateway.health import check_forever, check_once
+from gateway.kv_events_spec import parse_kv_events
 from gateway.kv_sync import follow_kv
 from gateway.metrics import GatewayMetrics
+from gateway.overload_queue import OverloadQueue
 from gateway.pin_sync import PinSync
 from gateway.pins import PinStore
 from gateway.pool import LeanTransport
@@ -24,6 +26,7 @@ from gateway.priority import PriorityStats
 from gateway.prompt_tokens import PromptTokens
 from gateway.replicas import Replica, replica_name
 from gateway.stats import GatewayStats
+from gateway.zmq_feed import follow_zmq
 from routing.policies import make_policy
 from routing.rate_limit import RateLimiter
 from routing.redis_store import RedisStore
@@ -64,10 +67,12 @@ class GatewayState:
         self.tokens = PromptTokens(config.tokenizers, self.client)
         self.metrics = GatewayMetrics()
         self.stats = GatewayStats(config.decisions_kept)
+        self.overload = OverloadQueue(config.max_queued_requests, config.max_queue_wait_s)
         self.advice = (PrefixAdvisor(AdviceConfig(block_size=config.block_size))
                        if config.prefix_advice else None)
         self.priorities = PriorityStats(self.metrics.registry)
         self._tasks: dict[str, list[asyncio.Task]] = {}
+        self._said_remote: set[str] = set()  # models already logged as tokenised remotely
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -87,8 +92,13 @@ class GatewayState:
             await self.pins_redis.aclose()
 
     # -- membership -----------------------------------------------------------------------
-    async def add_replica(self, url: str, name: str | None = None) -> Replica:
+    async def add_replica(self, url: str, name: str | None = None,
+                          kv_events: str | None = None) -> Replica:
+        """Add a replica; `kv_events` (or the config's entry for its URL) follows its engine's
+        ZMQ KV events instead of /kv/events."""
         url = url.rstrip("/")
+        spec = kv_events or self.config.kv_events.get(url)
+        spec = parse_kv_events(spec) if spec else None
         for existing in self.replicas.values():
             if existing.url == url:
                 return existing
@@ -99,8 +109,9 @@ class GatewayState:
         self.router.add_replica(name)
         await check_once(self, replica)
         await self.check_parity(replica)
+        feed = follow_zmq(self, replica, spec) if spec else follow_kv(self, replica)
         self._tasks[name] = [asyncio.create_task(check_forever(self, replica)),
-                             asyncio.create_task(follow_kv(self, replica))]
+                             asyncio.create_task(feed)]
         return replica
 
     async def remove_replica(self, name: str) -> None:
@@ -142,6 +153,12 @@ class GatewayState:
             replica.parity = "unchecked"
             return
         replica.parity = await self.tokens.check_parity(replica.models[0], replica.url)
+        if replica.parity == "remote" and replica.models[0] not in self._said_remote:
+            self._said_remote.add(replica.models[0])
+            log.warning("no local tokenizer for model %s: every request costs a /tokenize round "
+                        "trip to a replica, and prefix-stability advice is off (give "
+                        "--tokenizer %s=FOLDER, or `tokenizers:` in the config file)",
+                        replica.models[0], replica.models[0])
         if replica.parity.startswith("mismatch"):
             log.error("tokenizer parity with %s failed: %s; routing predictions for it will be "
                       "wrong", replica.name, replica.parity)

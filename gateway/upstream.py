@@ -18,11 +18,14 @@ class UpstreamFailure(Exception):
     """The replica failed before answering: try another one."""
 
     def __init__(self, reason: str, message: str, status: int | None = None,
-                 body: bytes | None = None) -> None:
+                 body: bytes | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
-        self.reason = reason  # "connect", "timeout", "status_5xx", "protocol", "down"
+        # "connect", "timeout", "status_5xx", "protocol", "down", or "overloaded": a healthy
+        # replica whose queue is too long to take the request now (503 engine_overloaded)
+        self.reason = reason
         self.status = status
         self.body = body
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(slots=True)
@@ -51,9 +54,28 @@ async def open_upstream(client: httpx.AsyncClient, replica: Replica, path: str, 
             content = b""
         finally:
             await response.aclose()
+        if _overloaded(response.status_code, content):
+            retry = _seconds(response.headers.get("retry-after"))
+            raise UpstreamFailure("overloaded", f"{replica.name} is overloaded", 503, content, retry)
         raise UpstreamFailure("status_5xx", f"{replica.name} answered {response.status_code}",
                               response.status_code, content)
     return response
+
+
+def _overloaded(status: int, content: bytes) -> bool:
+    if status != 503 or b"engine_overloaded" not in content:
+        return False
+    try:
+        return json.loads(content)["error"]["code"] == "engine_overloaded"
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def _seconds(value: str | None) -> float:
+    try:
+        return max(0.0, float(value)) if value is not None else 1.0
+    except ValueError:
+        return 1.0
 
 
 async def open_until_down(client: httpx.AsyncClient, replica: Replica, path: str, body: bytes,

@@ -35,6 +35,15 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-pinned-fraction", type=float, default=0.25,
                    help="share of the KV pool pinned prefixes may hold (POST /admin/pins)")
     p.add_argument("--max-waiting", type=int, default=None, help="waiting-queue limit; beyond it requests get 503")
+    load = p.add_argument_group("scheduling under load")
+    load.add_argument("--target-itl-ms", type=float, default=None,
+                      help="inter-token latency each step's prefill budget is sized for (default: 150 on CPU, "
+                           "40 on CUDA; 0: a fixed --max-num-batched-tokens budget, no ITL target)")
+    load.add_argument("--min-prefill-tokens", type=int, default=32,
+                      help="prefill tokens a step carries at the least, so new requests progress")
+    load.add_argument("--max-queue-delay-s", type=float, default=10.0,
+                      help="answer 503 + Retry-After when a new request would wait longer than this for its "
+                           "first token (0: never refuse)")
     p.add_argument("--scheduling-policy", default="priority", choices=["priority", "fcfs"],
                    help="priority: lower 'priority' values first (equal ones in arrival order); fcfs: arrival only")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -57,9 +66,20 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--draft-model", default=None, help="for --speculative-method draft: a model sharing the tokenizer")
     spec.add_argument("--speculative-max-batch", type=int, default=4,
                       help="speculate only while at most this many sequences run")
+    p.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help='vLLM\'s KV event publisher config, e.g. \'{"enable_kv_cache_events": true, '
+                        '"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\'')
     p.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
     p.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (413 beyond)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def _target_itl_ms(args: argparse.Namespace) -> float | None:
+    if args.target_itl_ms is None:
+        from backend_engine.step_budget import default_target_itl_ms
+
+        return default_target_itl_ms(args.device)
+    return args.target_itl_ms or None  # 0: no target
 
 
 def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (imported lazily)
@@ -91,6 +111,9 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         ngram_max=args.ngram_max,
         draft_model=args.draft_model,
         speculative_max_batch=args.speculative_max_batch,
+        target_itl_ms=_target_itl_ms(args),
+        min_prefill_tokens=args.min_prefill_tokens,
+        max_queue_delay_s=args.max_queue_delay_s or None,
     )
     if args.kv_cache_memory is not None:
         config.kv_cache_memory_gb = args.kv_cache_memory
@@ -104,7 +127,12 @@ def server_settings_from_args(args: argparse.Namespace):  # -> ServerSettings
     settings = ServerSettings(
         host=args.host, port=args.port, served_model_names=list(args.served_model_name or []),
         api_key=args.api_key, drain_grace_s=args.drain_grace, log_level=args.log_level,
+        kv_events_config=args.kv_events_config,
     )
+    if args.kv_events_config:
+        from backend_engine.server.kv_publisher import KVEventsConfig
+
+        KVEventsConfig.from_json(args.kv_events_config)  # a bad value stops start-up here
     if args.max_body_bytes is not None:
         settings.max_body_bytes = args.max_body_bytes
     return settings
@@ -118,7 +146,11 @@ def _run_engine(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvgate: {exc}", file=sys.stderr)
         return 2
-    settings = server_settings_from_args(args)
+    try:
+        settings = server_settings_from_args(args)
+    except ValueError as exc:
+        print(f"kvgate: {exc}", file=sys.stderr)
+        return 2
     return serve(settings, config, on_ready=_print_usage)
 
 
@@ -138,8 +170,20 @@ def _print_usage(state) -> None:  # noqa: ANN001 - ServerState, imported lazily
     )
 
 
+class _KvEventsForReplica(argparse.Action):
+    """`--kv-events SPEC` belongs to the `--replica URL` given just before it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        if not namespace.replica:
+            parser.error("--kv-events must follow the --replica URL it belongs to")
+        setattr(namespace, self.dest, {**getattr(namespace, self.dest), namespace.replica[-1].rstrip("/"): values})
+
+
 def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replica", action="append", default=[], metavar="URL", help="a replica's base URL (repeat for each)")
+    p.add_argument("--kv-events", action=_KvEventsForReplica, default={}, metavar="SPEC",
+                   help="after --replica URL: that replica's ZMQ KV events (vLLM, SGLang, kvgate "
+                        "--kv-events-config), tcp://HOST:5557[,replay=tcp://HOST:5558][,topic=T][,dp_size=N]")
     p.add_argument("--config", default=None, metavar="FILE", help="YAML/JSON config file (keys, limits, tokenizers, …)")
     p.add_argument("--redis-url", default=None, help="share routing state, keys and rate limits through Redis")
     p.add_argument("--policy", default=None, help="routing policy (kvgate, round_robin, least_load, …)")
@@ -151,6 +195,11 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=FOLDER",
                    help="the folder with the model's tokenizer.json (MODEL may be *)")
     p.add_argument("--max-in-flight", type=int, default=None, help="per-replica request cap (0: none)")
+    p.add_argument("--max-queued-requests", type=int, default=None,
+                   help="requests that may wait at the gateway while every replica refuses for load "
+                        "(default 1024; 0: pass the 503 on)")
+    p.add_argument("--max-queue-wait-s", type=float, default=None,
+                   help="the longest a request waits there before a 503 (default 600)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 

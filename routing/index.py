@@ -168,6 +168,24 @@ class PrefixIndex:
             self._store(state, stored)
         return True
 
+    def apply_blocks(self, name: str, stored: Sequence[int] = (),
+                     removed: Sequence[int] = ()) -> None:
+        """Blocks of a replica fed by a foreign event stream (mapped in engine_blocks.py)."""
+        state = self.replica(name)
+        if removed:
+            self._remove(state, removed)
+        if stored:
+            self._store(state, stored)
+
+    def set_approximate(self, name: str, approximate: bool,
+                        capacity_blocks: int | None = None) -> None:
+        """Switch a replica between exact entries and ones learned from routing history; its
+        entries of the other kind are dropped."""
+        state = self.replica(name)
+        self.drop_replica(name)
+        state.approximate = approximate
+        state.capacity_blocks = capacity_blocks if approximate else None
+
     def _restart(self, state: ReplicaIndexState, name: str) -> bool:
         self.drop_replica(name)
         state.synced = False

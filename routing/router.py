@@ -67,6 +67,18 @@ class Router:
         self.load.observe_engine(name, event.get("load"))
         return self.index.apply_event(name, event)
 
+    def on_blocks(self, name: str, stored: Sequence[int], removed: Sequence[int]) -> None:
+        """Apply canonical blocks mapped from a foreign engine's events."""
+        self.index.apply_blocks(name, stored, removed)
+
+    def set_approximate(self, name: str, approximate: bool,
+                        capacity_blocks: int | None = None) -> None:
+        """Fall back to (or leave) the index learned from routing history, keeping the load."""
+        if approximate and not capacity_blocks:
+            raise ValueError("an approximate replica needs capacity_blocks")
+        self.replicas[name].approximate = approximate
+        self.index.set_approximate(name, approximate, capacity_blocks)
+
     # -- routing --------------------------------------------------------------------------
     def replica_states(self, hashes: Sequence[int], prompt_tokens: int,
                        exclude: Iterable[str] = (), priority: int = 0) -> list[ReplicaState]:

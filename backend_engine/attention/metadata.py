@@ -1,7 +1,9 @@
 """Per-step attention metadata, built once by the model runner and shared by every layer.
 
-Tokens of a step are laid out decodes first (one query each), then prefill chunks. Decodes are
-attended as one padded batch; each prefill chunk reads its cached prefix through its slots.
+Tokens of a step are laid out decodes first (one query each), then prefill chunks (a prompt
+chunk, or a decode row plus speculative drafts to verify). Every sequence's context is named by
+its block table, so building the metadata costs O(blocks), never O(context tokens), and the
+backends read K/V from the paged cache by block.
 """
 
 from __future__ import annotations
@@ -16,19 +18,23 @@ class PrefillChunk:
     query_start: int  # offset of the chunk's first token in the step's flat token list
     query_len: int
     context_len: int  # cached prefix + this chunk
-    context_slots: torch.Tensor  # [context_len] slot of every context token, in order
+    block_table: torch.Tensor  # [ceil(context_len / block_size)] the context's blocks, in order
 
 
 @dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
     num_decode_tokens: int = 0
-    decode_context_slots: torch.Tensor | None = None  # [num_decodes, max_context] (padded)
-    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] bool, True = attend
-    decode_context_lens: torch.Tensor | None = None  # [num_decodes]
-    decode_block_tables: torch.Tensor | None = None  # [num_decodes, max_blocks] (kernels)
+    decode_block_tables: torch.Tensor | None = None  # [num_decodes, max_blocks] (0-padded)
+    decode_context_lens: torch.Tensor | None = None  # [num_decodes], on the host
     prefills: list[PrefillChunk] = field(default_factory=list)
     kernel: KernelMetadata | None = None  # built once per step by the Triton backend (or runner)
+    scratch: dict = field(default_factory=dict)  # per-step values a backend derives once
+
+    @property
+    def max_decode_context_len(self) -> int:
+        lens = self.decode_context_lens
+        return 0 if lens is None or not len(lens) else int(lens.max())
 
 
 @dataclass(slots=True)
@@ -57,11 +63,9 @@ def _padded_tables(tables: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def build_kernel_metadata(meta: AttentionMetadata, block_size: int,
-                          device: torch.device | str) -> KernelMetadata:
-    """Derive the kernels' view of a step from the fields the torch path uses. A chunk's block
-    table is the block of every block_size-th context slot (slots run block_id * block_size +
-    offset), so a runner that fills AttentionMetadata needs to know nothing about kernels."""
+def build_kernel_metadata(meta: AttentionMetadata, device: torch.device | str) -> KernelMetadata:
+    """Derive the kernels' view of a step from the fields the torch path uses, so a runner that
+    fills AttentionMetadata needs to know nothing about kernels."""
     device = torch.device(device)
     decode_tables = decode_lens = None
     max_decode = 0
@@ -75,8 +79,8 @@ def build_kernel_metadata(meta: AttentionMetadata, block_size: int,
     max_query = 0
     if meta.prefills:
         chunks = meta.prefills
-        tables = _padded_tables([c.context_slots[::block_size].cpu() // block_size
-                                 for c in chunks]).to(device, non_blocking=True)
+        tables = _padded_tables([c.block_table.cpu() for c in chunks]).to(device,
+                                                                          non_blocking=True)
         starts = _int32([c.query_start for c in chunks], device)
         lens = _int32([c.query_len for c in chunks], device)
         contexts = _int32([c.context_len for c in chunks], device)

@@ -1,10 +1,18 @@
-"""Attention over paged KV in plain torch: the CPU path and the reference for kernels."""
+"""Attention over paged KV in plain torch: the CPU path and the reference for kernels.
+
+Decode reads each sequence's blocks through its block table. Sequences are grouped by context
+length once per step (decode_groups.py), so a group is gathered block by block into one batched
+matmul with little padding, instead of every sequence being padded to the longest context of
+the step; a group's gathered K/V is bounded in size, so it stays in cache between the gather
+and the matmuls. A prefill chunk gathers its context's blocks (one index_select) and runs SDPA.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from backend_engine.attention.decode_groups import DecodeGroup, decode_groups
 from backend_engine.attention.metadata import AttentionMetadata
 
 
@@ -17,32 +25,43 @@ class TorchAttention:
         v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
     def forward(self, query, k_cache, v_cache, meta: AttentionMetadata, scale: float):
-        kv_heads, head_dim = k_cache.shape[-2:]
-        flat_k = k_cache.view(-1, kv_heads, head_dim)
-        flat_v = v_cache.view(-1, kv_heads, head_dim)
         out = torch.empty_like(query)
         nd = meta.num_decode_tokens
         if nd:
-            out[:nd] = self._decode(query[:nd], flat_k, flat_v, meta, scale)
+            groups = meta.scratch.get("decode_groups")
+            if groups is None:  # once per step, shared by every layer
+                bytes_per_token = 2 * k_cache[0, 0].numel() * k_cache.element_size()
+                groups = meta.scratch["decode_groups"] = decode_groups(
+                    meta.decode_block_tables, meta.decode_context_lens, k_cache.shape[1],
+                    bytes_per_token, query.device, query.dtype)
+            for group in groups:
+                self._decode(query[:nd], k_cache, v_cache, group, scale, out[:nd])
         for chunk in meta.prefills:
-            q = query[chunk.query_start: chunk.query_start + chunk.query_len]
-            out[chunk.query_start: chunk.query_start + chunk.query_len] = self._prefill(
-                q, flat_k[chunk.context_slots], flat_v[chunk.context_slots], scale)
+            rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+            k = _gather(k_cache, chunk.block_table, chunk.context_len)
+            v = _gather(v_cache, chunk.block_table, chunk.context_len)
+            out[rows] = self._prefill(query[rows], k, v, scale)
         return out
 
     @staticmethod
-    def _decode(q, flat_k, flat_v, meta: AttentionMetadata, scale: float):
-        # q [B, H, D]; context gathered to [B, L, KVH, D]; GQA via a grouped view, no copies of K/V
+    def _decode(query, k_cache, v_cache, group: DecodeGroup, scale: float, out) -> None:
+        # q [B, H, D] of the group's rows; K/V [B, L, KVH, D] gathered by block; GQA through a
+        # grouped view of the queries, so K/V are never repeated per query head
+        q = query if group.rows is None else query.index_select(0, group.rows)
         batch, heads, head_dim = q.shape
-        k = flat_k[meta.decode_context_slots]
-        v = flat_v[meta.decode_context_slots]
-        kv_heads = k.shape[2]
-        group = heads // kv_heads
-        qg = q.view(batch, kv_heads, group, head_dim)
-        scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale  # [B, KVH, G, L]
-        scores = scores.masked_fill(~meta.decode_mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        return torch.matmul(probs, v.permute(0, 2, 1, 3)).reshape(batch, heads, head_dim)
+        kv_heads = k_cache.shape[2]
+        k = k_cache[group.block_tables].view(batch, -1, kv_heads, head_dim)
+        v = v_cache[group.block_tables].view(batch, -1, kv_heads, head_dim)
+        qg = q.view(batch, kv_heads, heads // kv_heads, head_dim)
+        scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).mul_(scale)  # [B, KVH, G, L]
+        if group.bias is not None:
+            scores += group.bias
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        o = torch.matmul(probs, v.permute(0, 2, 1, 3)).reshape(batch, heads, head_dim)
+        if group.rows is None:
+            out.copy_(o)
+        else:
+            out.index_copy_(0, group.rows, o)
 
     @staticmethod
     def _prefill(q, k, v, scale: float):
@@ -54,8 +73,14 @@ class TorchAttention:
                                                enable_gqa=True)
         else:
             offset = ctx_len - q_len
-            rows = torch.arange(q_len).unsqueeze(1) + offset
-            mask = torch.arange(ctx_len).unsqueeze(0) <= rows
+            rows = torch.arange(q_len, device=q.device).unsqueeze(1) + offset
+            mask = torch.arange(ctx_len, device=q.device).unsqueeze(0) <= rows
             o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale,
                                                enable_gqa=True)
         return o.transpose(0, 1)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """A sequence's context K (or V) as [context_len, KVH, D], copied block by block."""
+    kv_heads, head_dim = cache.shape[-2:]
+    return cache.index_select(0, block_table).view(-1, kv_heads, head_dim)[:context_len]

@@ -27,7 +27,7 @@ class TritonAttention:
 
     def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        kernel = self._kernel_metadata(meta, k_cache.shape[1], query.device)
+        kernel = self._kernel_metadata(meta, query.device)
         out = torch.empty_like(query)
         nd = meta.num_decode_tokens
         if nd:
@@ -42,8 +42,7 @@ class TritonAttention:
         return out
 
     @staticmethod
-    def _kernel_metadata(meta: AttentionMetadata, block_size: int,
-                         device: torch.device) -> KernelMetadata:
+    def _kernel_metadata(meta: AttentionMetadata, device: torch.device) -> KernelMetadata:
         if meta.kernel is None or meta.kernel.device != device:
-            meta.kernel = build_kernel_metadata(meta, block_size, device)
+            meta.kernel = build_kernel_metadata(meta, device)
         return meta.kernel

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from backend_engine.server import (chat, completions, kv_routes, model_routes, ops_routes, pin_routes,
-                                   tokenize_routes)
+from backend_engine.server import (chat, completions, info_routes, kv_routes, kv_zmq_events,
+                                   model_routes, ops_routes, pin_routes, tokenize_routes)
 from backend_engine.server.metrics import HTTPMetricsMiddleware, ServerMetrics
 from backend_engine.server.settings import ServerSettings
 from backend_engine.server.state import ServerState
@@ -34,12 +34,16 @@ def create_app(settings: ServerSettings, engine_factory: Callable[[], "AsyncLLME
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(state.load(engine_factory))
         draining_metrics = asyncio.create_task(metrics.drain_forever())
+        publishing = kv_zmq_events.start(state)
         try:
             yield
         finally:
             if state.phase not in ("stopped", "failed"):
                 state.stop()
             draining_metrics.cancel()
+            if publishing is not None:
+                publishing.cancel()
+                await asyncio.gather(publishing, return_exceptions=True)
             await asyncio.gather(loading, return_exceptions=True)
             if state.engine is not None:
                 await state.engine.shutdown()
@@ -48,7 +52,8 @@ def create_app(settings: ServerSettings, engine_factory: Callable[[], "AsyncLLME
     app.state.server = state
     app.state.metrics = metrics
     install_error_handlers(app)
-    for module in (chat, completions, model_routes, tokenize_routes, ops_routes, kv_routes, pin_routes):
+    for module in (chat, completions, model_routes, tokenize_routes, ops_routes, kv_routes, pin_routes,
+                   info_routes):
         app.include_router(module.router)
     document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
                           "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})

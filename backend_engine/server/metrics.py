@@ -15,12 +15,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvgate.protocol.engine_extras import IGNORED
+
 if TYPE_CHECKING:
     from backend_engine.server.state import ServerState
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 MAX_PRIORITY_LABELS = 16
+STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0)
 
 _ENGINE_COUNTERS = (
@@ -29,6 +32,8 @@ _ENGINE_COUNTERS = (
     ("preemptions", "kvgate_num_preemptions", "Requests preempted for lack of KV blocks."),
     ("prompt_tokens", "kvgate_prompt_tokens", "Prompt tokens processed."),
     ("generation_tokens", "kvgate_generation_tokens", "Tokens generated."),
+    ("admission_refused", "kvgate_admission_refused",
+     "Requests refused with 503 because the queue could not meet max_queue_delay_s."),
 )
 _SPEC_COUNTERS = (
     ("drafted_tokens", "kvgate_spec_decode_draft_tokens", "Speculative tokens proposed."),
@@ -51,6 +56,7 @@ class _EngineCollector(Collector):
         up = GaugeMetricFamily("kvgate_engine_ready", "1 when the replica accepts requests.")
         up.add_metric([], 1.0 if self.state.phase == "ready" else 0.0)
         yield up
+        yield _ignored_fields()
         if engine is None:
             return
         stats = engine.stats
@@ -78,10 +84,25 @@ class _EngineCollector(Collector):
             ("pinned_blocks", "kvgate_kv_cache_pinned_blocks", "KV blocks held by pinned prefixes."),
             ("max_pinned_blocks", "kvgate_kv_cache_pinned_capacity_blocks",
              "KV blocks pinned prefixes may hold (max_pinned_fraction of the pool)."),
+            ("queue_delay_s", "kvgate_queue_delay_estimate_seconds",
+             "Expected wait before a request arriving now gets its first token."),
+            ("drain_rate_tok_s", "kvgate_queue_drain_rate_tokens_per_second",
+             "Prefill tokens per second the waiting queue is retired at (measured or modelled)."),
+            ("target_itl_s", "kvgate_target_inter_token_latency_seconds",
+             "The step budget's inter-token latency target (absent: fixed token budget)."),
         ):
             if key in load:
                 yield GaugeMetricFamily(name, doc, value=float(load[key]))
         yield _by_priority(load.get("by_priority") or {})
+
+
+def _ignored_fields() -> Metric:
+    family = CounterMetricFamily("kvgate_request_ignored_fields",
+                                 "Requests carrying a field of vLLM's or SGLang's schema that asks "
+                                 "for nothing here (dropped), by field.", labels=["field"])
+    for name, count in sorted(IGNORED.items()):
+        family.add_metric([name], float(count))
+    return family
 
 
 def _by_priority(by_priority: dict) -> Metric:
@@ -120,6 +141,8 @@ class ServerMetrics:
                               buckets=TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("kvgate_e2e_request_latency_seconds", "Request latency, arrival to finish.",
                              buckets=E2E_BUCKETS, registry=r)
+        self.step = Histogram("kvgate_engine_step_seconds", "Engine step time (schedule, forward, sample).",
+                              buckets=STEP_BUCKETS, registry=r)
         self.ttft_by_priority = Histogram(
             "kvgate_time_to_first_token_by_priority_seconds", "Time to first token, by request priority.",
             ["priority"], buckets=TTFT_BUCKETS, registry=r)
@@ -132,7 +155,8 @@ class ServerMetrics:
         if engine is None:
             return
         observed = engine.drain_observations()
-        for key, histogram in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e)):
+        for key, histogram in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e),
+                               ("step", self.step)):
             for value in observed.get(key, ()):
                 histogram.observe(value)
         for priority, value in engine.drain_ttft_by_priority():

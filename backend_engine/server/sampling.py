@@ -94,9 +94,8 @@ def engine_error_to_api(exc: Exception, retry_after_s: int = 1) -> APIError:
     if isinstance(exc, InvalidRequestError):
         return bad_request(exc.message, exc.param, exc.code)
     if isinstance(exc, EngineOverloadedError):
-        return service_unavailable(
-            f"The engine's waiting queue is full; retry shortly. ({exc})", retry_after_s, "engine_overloaded"
-        )
+        return service_unavailable(f"This replica is overloaded; retry shortly ({exc}).",
+                                   exc.retry_after_s or retry_after_s, "engine_overloaded")
     if isinstance(exc, EngineDeadError):
         return service_unavailable("The engine stopped after an internal error.", None, "engine_dead")
     return internal_error()

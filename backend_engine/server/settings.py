@@ -18,3 +18,4 @@ class ServerSettings:
     kv_heartbeat_s: float = 1.0  # /kv/events: heartbeat (with load) after this much quiet
     retry_after_s: int = 1  # Retry-After on 503 (loading, draining, queue full)
     log_level: str = "info"
+    kv_events_config: str | None = None  # vLLM's --kv-events-config JSON: publish KV events on ZMQ

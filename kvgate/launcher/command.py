@@ -79,11 +79,13 @@ def run_up(args: argparse.Namespace) -> int:
     from kvgate.launcher.health import served_model
     from kvgate.launcher.plan import build_plan, count_cores, count_gpus
     from kvgate.launcher.supervisor import Supervisor
+    from kvgate.launcher.tokenizer import tokenizer_folder
 
     try:
         config = config_from_args(args)
         config.fill_keys()
-        plan = build_plan(config, count_gpus(), count_cores())
+        tokenizer = tokenizer_folder(config.model) if config.gateways else None
+        plan = build_plan(config, count_gpus(), count_cores(), tokenizer_folder=tokenizer)
         log_dir = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="kvgate-up-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         supervisor = Supervisor(plan, config, log_dir, _say)

@@ -101,7 +101,8 @@ def flags_from_mapping(values: dict[str, Any]) -> list[str]:
 
 
 def build_plan(config: UpConfig, gpus: int, cores: int, redis_port: int | None = None,
-               python: str = sys.executable) -> Plan:
+               python: str = sys.executable, tokenizer_folder: str | None = None) -> Plan:
+    """tokenizer_folder: the served model's tokenizer, given to every gateway (`--tokenizer`)."""
     device = config.device if config.device != "auto" else ("cuda" if gpus else "cpu")
     if device == "cuda" and gpus == 0:
         raise ConfigError("device cuda asked for, but `nvidia-smi -L` lists no GPU")
@@ -113,7 +114,8 @@ def build_plan(config: UpConfig, gpus: int, cores: int, redis_port: int | None =
         redis = _redis_spec(redis_port or free_port())
         redis_url = f"redis://127.0.0.1:{redis.port}/0"
     replicas = [_replica_spec(config, i, config.port + g + i, device, gpus, cores, k, python) for i in range(k)]
-    gateways = [_gateway_spec(config, i, config.port + i, replicas, redis_url, python) for i in range(g)]
+    gateways = [_gateway_spec(config, i, config.port + i, replicas, redis_url, python,
+                              tokenizer_folder) for i in range(g)]
     return Plan(redis, replicas, gateways, redis_url, device)
 
 
@@ -145,7 +147,7 @@ def _replica_spec(config: UpConfig, i: int, port: int, device: str, gpus: int, c
 
 
 def _gateway_spec(config: UpConfig, i: int, port: int, replicas: list[ChildSpec], redis_url: str | None,
-                  python: str) -> ChildSpec:
+                  python: str, tokenizer_folder: str | None = None) -> ChildSpec:
     argv = [python, "-m", "kvgate.cli", "gateway", "--host", config.host, "--port", str(port)]
     for replica in replicas:
         argv += ["--replica", replica.url]
@@ -157,6 +159,8 @@ def _gateway_spec(config: UpConfig, i: int, port: int, replicas: list[ChildSpec]
         argv.append(f"--admin-key={config.admin_key}")  # "=": a key may start with "-"
     if config.api_key:
         argv.append(f"--api-key={config.api_key}")  # "=": a key may start with "-"
+    if tokenizer_folder and "tokenizer" not in config.gateway:
+        argv += ["--tokenizer", f"*={tokenizer_folder}"]  # the one model every replica serves
     argv += flags_from_mapping(config.gateway)
     return ChildSpec(f"gateway-{i + 1}", GATEWAY, argv, port, config.host)
 

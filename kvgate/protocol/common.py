@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvgate.protocol.engine_extras import split_extras
 from kvgate.protocol.errors import bad_request
 
 MAX_N = 128
@@ -59,6 +60,11 @@ class SamplingFields(StrictModel):
     cache_salt: str | None = Field(default=None, min_length=1)
     request_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:-]+$")
     priority: int | None = Field(default=None, ge=MIN_PRIORITY, le=MAX_PRIORITY)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_extras(cls, data: Any) -> Any:
+        return split_extras(cls.model_fields, data)  # vLLM's and SGLang's extras (engine_extras.py)
 
     @model_validator(mode="after")
     def _check_shared(self) -> Any:

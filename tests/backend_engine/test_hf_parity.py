@@ -53,7 +53,8 @@ def test_prompt_logits_close_to_transformers(default_llm, hf_model):
     shape = (num_blocks, block, model.num_kv_heads, model.head_dim)
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(model.num_layers)]
     slots = torch.arange(n)
-    meta = AttentionMetadata(slot_mapping=slots, prefills=[PrefillChunk(0, n, n, slots)])
+    meta = AttentionMetadata(slot_mapping=slots,
+                             prefills=[PrefillChunk(0, n, n, torch.arange(num_blocks))])
     ours = model.compute_logits(model.forward(torch.tensor(ids), torch.arange(n), caches, meta))
     with torch.no_grad():
         ref = hf_model(torch.tensor([ids])).logits[0]

@@ -84,10 +84,10 @@ class Proc:
         self.proc = None
 
 
-def replica(port: int | None = None) -> Proc:
+def replica(port: int | None = None, *extra: str) -> Proc:
     port = port or free_port()
     return Proc(["engine", "--model", MODEL, "--port", str(port), "--num-kv-blocks", "256",
-                 "--num-threads", "1", "--log-level", "warning"], port, "/health", "replica")
+                 "--num-threads", "1", "--log-level", "warning", *extra], port, "/health", "replica")
 
 
 def gateway(replica_urls: list[str], *extra: str, config: str | None = None,

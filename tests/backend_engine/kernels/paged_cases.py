@@ -58,21 +58,17 @@ def step_metadata(batch: PagedBatch, num_decodes: int, query_lens: list[int],
         slot_mapping += slots(table, block_size, ctx - 1, ctx)
     meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decode_tokens=num_decodes)
     if num_decodes:
-        lens = torch.tensor(batch.context_lens[:num_decodes])
         width = max(len(t) for t, _ in seqs[:num_decodes])
         tables = torch.zeros(num_decodes, width, dtype=torch.long)
         for i, (t, _) in enumerate(seqs[:num_decodes]):
             tables[i, :len(t)] = torch.tensor(t)
-        pos = torch.arange(int(lens.max()))
-        meta.decode_context_slots = tables[:, pos // block_size] * block_size + pos % block_size
-        meta.decode_mask = (pos.unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
-        meta.decode_context_lens = lens
+        meta.decode_context_lens = torch.tensor(batch.context_lens[:num_decodes])
         meta.decode_block_tables = tables
     offset = num_decodes
     for (table, ctx), n in zip(seqs[num_decodes:], query_lens):
         slot_mapping += slots(table, block_size, ctx - n, ctx)
         meta.prefills.append(PrefillChunk(offset, n, ctx,
-                                          torch.tensor(slots(table, block_size, 0, ctx))))
+                                          torch.tensor(table[:-(-ctx // block_size)])))
         offset += n
     meta.slot_mapping = torch.tensor(slot_mapping, dtype=torch.long)
     return meta
@@ -85,3 +81,29 @@ def reference_attention(query: torch.Tensor, batch: PagedBatch, meta: AttentionM
 
     return TorchAttention().forward(query.float().cpu(), batch.k_cache.float().cpu(),
                                     batch.v_cache.float().cpu(), meta, scale)
+
+
+def naive_attention(query: torch.Tensor, batch: PagedBatch, num_decodes: int,
+                    query_lens: list[int], scale: float) -> torch.Tensor:
+    """Attention written out per sequence and per head from the slots, in fp64: what
+    TorchAttention itself is held to."""
+    block_size, kv_heads, head_dim = batch.k_cache.shape[1:]
+    flat_k = batch.k_cache.double().reshape(-1, kv_heads, head_dim)
+    flat_v = batch.v_cache.double().reshape(-1, kv_heads, head_dim)
+    q_lens = [1] * num_decodes + list(query_lens)
+    heads = query.shape[1]
+    group = heads // kv_heads
+    out, row = [], 0
+    for (table, ctx), n in zip(zip(batch.block_tables, batch.context_lens), q_lens):
+        index = torch.tensor(slots(table, block_size, 0, ctx))
+        k, v = flat_k[index], flat_v[index]  # [ctx, KVH, D]
+        for j in range(n):
+            visible = ctx - n + j + 1  # causal: a query sees its own position and before
+            q = query[row + j].double()
+            o = torch.empty(heads, head_dim, dtype=torch.float64)
+            for h in range(heads):
+                scores = (k[:visible, h // group] @ q[h]) * scale
+                o[h] = torch.softmax(scores, 0) @ v[:visible, h // group]
+            out.append(o)
+        row += n
+    return torch.stack(out)

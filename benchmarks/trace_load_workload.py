@@ -1,0 +1,71 @@
+"""Chat requests from a Mooncake trace (the `_bs16` files: one hash id per 16-token block).
+
+Each hash id becomes 16 words, each a single token of the served model's tokenizer (with its
+leading space), chosen by a generator seeded with the id. So two rows that share a leading run of
+hash ids share that many blocks of prompt text, token for token, on any server that applies the
+same chat template: the prefix-sharing structure of the trace survives, and every server sees
+the same text."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+from benchmarks.serve_bench_workloads import Job, RequestSpec
+
+BLOCK = 16
+TRACES = {  # the copies shipped in benchmarks/data/traces (Apache-2.0, see the README there)
+    "conversation": "mooncake_conversation_head2000_bs16.jsonl",
+    "synthetic": "mooncake_synthetic_head1000_bs16.jsonl",
+}
+TRACE_DIR = Path(__file__).resolve().parent / "data" / "traces"
+
+
+def trace_path(name: str) -> Path:
+    """A trace by its short name (conversation, synthetic) or a path to a JSONL file."""
+    return TRACE_DIR / TRACES[name] if name in TRACES else Path(name)
+
+
+def single_token_words(tokenizer) -> list[str]:
+    """Lower-case words that the tokenizer encodes as one token after a space, sorted."""
+    words = []
+    for piece in tokenizer.get_vocab():
+        word = piece[1:]
+        if piece[0] in "\u0120\u2581" and re.fullmatch(r"[a-z]{3,10}", word):
+            if len(tokenizer.encode(" " + word, add_special_tokens=False)) == 1:
+                words.append(word)
+    if len(words) < 500:
+        raise RuntimeError(f"only {len(words)} single-token words in this tokenizer")
+    return sorted(words)
+
+
+def read_rows(path: Path, rows: int) -> list[dict]:
+    out = []
+    with open(path) as fh:
+        for line in fh:
+            if len(out) >= rows:
+                break
+            if line.strip():
+                out.append(json.loads(line))
+    return out
+
+
+def trace_jobs(path: Path, rows: int, speedup: float, words: list[str], seed: int = 0,
+               max_output_tokens: int = 128) -> list[Job]:
+    """One single-request job per row, arriving at timestamp / speedup (seconds)."""
+    blocks: dict[int, list[str]] = {}
+    jobs = []
+    for row in read_rows(path, rows):
+        text: list[str] = []
+        for h in row["hash_ids"]:
+            if h not in blocks:
+                rng = random.Random(f"{seed}:{h}")
+                blocks[h] = [rng.choice(words) for _ in range(BLOCK)]
+            text += blocks[h]
+        prompt = " ".join(text[: int(row["input_length"])])
+        out = max(1, min(int(row["output_length"]), max_output_tokens))
+        group = f"trace-{row['hash_ids'][0] if row['hash_ids'] else 0}"
+        jobs.append(Job([[RequestSpec(prompt, out, group)]], row["timestamp"] / 1000.0 / speedup))
+    return jobs

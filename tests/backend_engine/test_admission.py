@@ -1,0 +1,103 @@
+"""Admission control: a request that would wait past max_queue_delay_s for its first token is
+refused with a Retry-After (503 at the HTTP edge), and the refusal leaves nothing behind."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from backend_engine.async_engine import AsyncLLMEngine
+from backend_engine.config import EngineConfig
+from backend_engine.errors import EngineOverloadedError
+from backend_engine.sampling_params import SamplingParams
+from backend_engine.server.settings import ServerSettings
+from tests.backend_engine.helpers import assert_no_leaks
+from tests.backend_engine.server.harness import start_server
+
+LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+
+
+def _config(**kw) -> EngineConfig:
+    return EngineConfig(model="tiny-random", num_kv_blocks=128, max_model_len=1024,
+                        target_itl_ms=50, **kw)
+
+
+async def _first_output(engine, rid, tokens, params):
+    stream = engine.generate(tokens, params, rid)
+    await stream.__anext__()
+    return stream
+
+
+async def test_an_idle_replica_always_admits():
+    engine = AsyncLLMEngine(_config(max_queue_delay_s=1e-9))
+    await engine.start()
+    try:
+        assert engine.queue_delay_s(500) == 0.0
+        async for out in engine.generate(list(range(100, 600)), SamplingParams(max_tokens=2),
+                                         "solo"):
+            pass
+        assert out.finished
+    finally:
+        await engine.shutdown()
+
+
+async def test_a_request_past_the_queue_bound_is_refused_with_retry_after_and_leaves_nothing():
+    engine = AsyncLLMEngine(_config(max_queue_delay_s=1e-9))
+    await engine.start()
+    try:
+        busy = await _first_output(engine, "busy", list(range(100, 140)), LONG)
+        with pytest.raises(EngineOverloadedError) as refused:
+            async for _ in engine.generate(list(range(200, 260)), LONG, "late"):
+                pass
+        assert refused.value.retry_after_s >= 1
+        assert "late" not in engine.engine.requests
+        assert engine.engine.stats.admission_refused == 1
+        assert engine.queue_delay_s(60) > 0 and engine.load()["queue_delay_s"] == 0  # queue empty
+        await busy.aclose()  # the busy request is aborted when its consumer leaves
+        for _ in range(100):
+            if not engine.engine.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.05)
+        assert_no_leaks(engine.engine)
+    finally:
+        await engine.shutdown()
+
+
+async def test_without_a_bound_nothing_is_refused():
+    engine = AsyncLLMEngine(_config())
+    await engine.start()
+    try:
+        busy = await _first_output(engine, "busy", list(range(100, 140)), LONG)
+        async for out in engine.generate(list(range(200, 260)), SamplingParams(max_tokens=3),
+                                         "next"):
+            pass
+        assert out.finished
+        await busy.aclose()
+    finally:
+        await engine.shutdown()
+
+
+def test_the_http_edge_answers_503_with_retry_after_and_serves_again_after():
+    server = start_server(_config(max_queue_delay_s=1e-9), ServerSettings(log_level="warning"))
+    chat = server.base_url + "/v1/chat/completions"
+    try:
+        with httpx.Client(timeout=60) as http:
+            body = {"model": "tiny-random", "max_tokens": 400, "ignore_eos": True, "stream": True,
+                    "messages": [{"role": "user", "content": "keep busy"}]}
+            with http.stream("POST", chat, json=body) as busy:
+                assert busy.status_code == 200
+                next(busy.iter_lines())
+                r = http.post(chat, json={"model": "tiny-random", "max_tokens": 2,
+                                          "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+                assert r.json()["error"]["code"] == "engine_overloaded"
+            metrics = http.get(server.base_url + "/metrics").text
+            assert "kvgate_admission_refused_total 1.0" in metrics
+            for _ in range(100):
+                if http.get(server.base_url + "/kv/snapshot").json()["load"]["running"] == 0:
+                    break
+            r = http.post(chat, json={"model": "tiny-random", "max_tokens": 2,
+                                      "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200
+    finally:
+        server.stop()
