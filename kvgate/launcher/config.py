@@ -12,8 +12,7 @@ import yaml
 
 # Flags `kvgate up` sets on every replica/gateway itself; setting them under `engine:` or
 # `gateway:` would silently break the port layout or the thread split, so they are refused.
-_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key",
-                         "quantization"}
+_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key"}
 _MANAGED_GATEWAY_FLAGS = {"host", "port", "replica", "redis_url", "policy", "admin_key", "api_key"}
 _DEVICES = ("auto", "cpu", "cuda")
 _QUANTIZATIONS = (None, "none", "int8", "int4", "awq", "gptq")
@@ -60,6 +59,10 @@ class UpConfig:
         if self.quantization not in _QUANTIZATIONS:
             raise ConfigError(f"quantization must be one of {list(_QUANTIZATIONS[1:])}, "
                               f"not {self.quantization!r}")
+        engine_quantization = self.engine.get("quantization") if isinstance(self.engine, dict) else None
+        if self.quantization and engine_quantization and engine_quantization != self.quantization:
+            raise ConfigError(f"quantization {self.quantization!r} and engine.quantization "
+                              f"{engine_quantization!r} disagree; set one")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("num_threads must be at least 1")
         if self.shutdown_grace_s <= 0 or self.health_timeout_s <= 0:

@@ -135,7 +135,7 @@ def _replica_spec(config: UpConfig, i: int, port: int, device: str, gpus: int, c
         env["OMP_NUM_THREADS"] = str(threads)
     if config.speculative_method:
         argv += ["--speculative-method", config.speculative_method]
-    if config.quantization:
+    if config.quantization and "quantization" not in config.engine:
         argv += ["--quantization", config.quantization]
     if config.api_key and config.gateways == 0:  # no gateway in front: the replicas check the key
         argv.append(f"--api-key={config.api_key}")  # "=": a key may start with "-"

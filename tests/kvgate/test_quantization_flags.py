@@ -40,12 +40,20 @@ def test_up_passes_the_method_to_every_replica(tmp_path, source):
         assert replica.argv[replica.argv.index("--quantization") + 1] == "int4"
 
 
+def test_engine_section_may_carry_it_too():
+    config = _up("--quantization", "int4")
+    config.engine = {"quantization": "int4"}
+    argv = build_plan(config, gpus=0, cores=2).replicas[0].argv
+    assert argv.count("--quantization") == 1
+
+
 def test_up_without_the_key_passes_no_flag():
     assert all("--quantization" not in r.argv for r in build_plan(_up(), gpus=0, cores=2).replicas)
 
 
-@pytest.mark.parametrize("text,message", [("quantization: fp4\n", "quantization must be one of"),
-                                          ("engine:\n  quantization: int8\n", "top-level key")])
+@pytest.mark.parametrize("text,message", [
+    ("quantization: fp4\n", "quantization must be one of"),
+    ("quantization: int4\nengine:\n  quantization: int8\n", "disagree")])
 def test_up_config_refuses_bad_quantization(tmp_path, text, message):
     path = tmp_path / "up.yaml"
     path.write_text(text)
