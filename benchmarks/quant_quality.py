@@ -8,8 +8,8 @@ agreement over 32 prompts x 64 new tokens against fp32, two ways:
 - `prefix`: free-running generation, the share of the 64 tokens before the first difference.
 
 Formats: fp32 (the reference: the GGUF's Q4_1 weights dequantised), bf16, int8 and int4
-(quantised at load from those fp32 weights, group 64 and 32; SmolLM2's 576 input features rule
-out 128), and `gguf-int4`, the GGUF's own 4-bit tensors loaded as stored (by construction the
+(quantised at load from those fp32 weights, group 32 (the default) and 64; SmolLM2's 576 input
+features rule out 128), and `gguf-int4`, the GGUF's own 4-bit tensors loaded as stored (by construction the
 reference's values, so its ratio measures only the kernels' bf16 activations and the int8
 lm_head). Ends with one line of JSON with int8/int4 ppl ratios and greedy agreements.
 """
@@ -40,8 +40,8 @@ def formats() -> dict[str, dict]:
     return {"fp32": dict(model="default"),
             "bf16": dict(model="default", dtype="bfloat16"),
             "int8": dict(model=fp, quantization="int8"),
-            "int4": dict(model=fp, quantization="int4", quantization_group_size=64),
-            "int4-g32": dict(model=fp, quantization="int4", quantization_group_size=32),
+            "int4": dict(model=fp, quantization="int4", quantization_group_size=32),
+            "int4-g64": dict(model=fp, quantization="int4", quantization_group_size=64),
             "gguf-int4": dict(model="default", quantization="int4")}
 
 
