@@ -1,5 +1,5 @@
-"""The GPU check: kernel tests run natively, decode-attention bandwidth vs peak, engine vs
-transformers throughput. Each stage runs in its own process under a share of one deadline, so
+"""The GPU check: kernel tests run natively, decode-attention and quantised-matmul bandwidth vs
+peak, engine vs transformers throughput. Each stage runs in its own process under a share of one deadline, so
 a hang or a crash in one still leaves the others' figures. Ends with one JSON line:
 {"decode_attn_bw_fraction": …, "engine_vs_hf": …, "kernel_tests_passed": …, …}.
 Run it through benchmarks/gpu_check.sh."""
@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGE_SECONDS = {"kernels": 170, "bandwidth": 60, "engine": 170}
+STAGE_SECONDS = {"kernels": 170, "bandwidth": 60, "quant_bandwidth": 60, "engine": 170}
 
 
 def _run(args: list[str], seconds: float) -> tuple[int | None, str]:
@@ -82,12 +82,15 @@ def main() -> None:
     # Figures first (short, they fit however the tests go), tests last with what is left.
     bandwidth = json_stage("benchmarks.decode_bandwidth", share("bandwidth"),
                            "decode_attn_bw_fraction")
+    quant = json_stage("benchmarks.quant_bandwidth", share("quant_bandwidth"),
+                       "quant_decode_bw_fraction")
     engine = json_stage("benchmarks.gpu_engine_vs_hf", share("engine"), "engine_vs_hf")
     kernels = kernel_tests(max(deadline - time.monotonic(), 30))
     result["decode_attn_bw_fraction"] = bandwidth.pop("decode_attn_bw_fraction", None)
     result["engine_vs_hf"] = engine.pop("engine_vs_hf", None)
+    result["quant_decode_bw_fraction"] = quant.pop("quant_decode_bw_fraction", None)
     result["kernel_tests_passed"] = kernels.pop("kernel_tests_passed")
-    result.update(kernels, bandwidth=bandwidth, engine=engine)
+    result.update(kernels, bandwidth=bandwidth, quant_bandwidth=quant, engine=engine)
     print(json.dumps(result))
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU check for a machine with one NVIDIA GPU and PyTorch + Triton installed. From the repo root:
 #   bash benchmarks/gpu_check.sh
-# Runs the kernel tests natively (no interpreter), measures decode-attention bandwidth against
-# the device's peak and engine vs transformers throughput, in under 8 minutes, and ends with one
-# JSON line: {"decode_attn_bw_fraction": …, "engine_vs_hf": …, "kernel_tests_passed": …, …}.
+# Runs the kernel tests natively (no interpreter), measures decode-attention and quantised
+# (int8/int4 Triton) matmul bandwidth against the device's peak and engine vs transformers
+# throughput, in under 8 minutes, and ends with one JSON line:
+# {"decode_attn_bw_fraction": …, "quant_decode_bw_fraction": …, "engine_vs_hf": …, …}.
 # Missing test/engine dependencies are pip-installed when an index is reachable; a stage whose
 # dependencies cannot be had reports null and says why.
 set -uo pipefail
