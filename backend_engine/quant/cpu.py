@@ -106,18 +106,29 @@ def prepare_int4(w: Int4Weight) -> CpuInt4Weight:
     return CpuInt4Weight(packed, sz, w.group_size, n, w.perm)
 
 
+def _to_kernel(x: torch.Tensor) -> torch.Tensor:
+    # a check in Python is cheaper than a no-op dispatch, and this runs 4x per layer per step
+    x = x if x.dtype == KERNEL_DTYPE else x.to(KERNEL_DTYPE)
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def _from_kernel(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return y if dtype == KERNEL_DTYPE else y.to(dtype)
+
+
 def _int8_mm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
-    return torch._weight_int8pack_mm(x.to(KERNEL_DTYPE), w.qweight, w.scales).to(x.dtype)
+    return _from_kernel(torch._weight_int8pack_mm(_to_kernel(x), w.qweight, w.scales), x.dtype)
 
 
 def _int4_mm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
+    dtype = x.dtype
     if w.perm is not None:
         x = x.index_select(1, w.perm)
-    y = aten._weight_int4pack_mm_for_cpu(x.to(KERNEL_DTYPE).contiguous(), w.packed,
-                                         w.group_size, w.scales_and_zeros)
+    y = aten._weight_int4pack_mm_for_cpu(_to_kernel(x), w.packed, w.group_size,
+                                         w.scales_and_zeros)
     if y.shape[1] != w.out_features:
         y = y[:, :w.out_features].contiguous()
-    return y.to(x.dtype)
+    return _from_kernel(y, dtype)
 
 
 # One form per kind. Each kernel gives a row the same bits whatever the batch around it, so
