@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from backend_engine.quant.formats import Int4Weight, Int8Weight
 

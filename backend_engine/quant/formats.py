@@ -80,7 +80,6 @@ class Int4Weight:
         return w.to(dtype)
 
 
-QuantWeight = Int8Weight | Int4Weight
 LinearWeight = torch.Tensor | Int8Weight | Int4Weight
 
 
@@ -142,10 +141,6 @@ def check_group_size(group_size: int, in_features: int, name: str) -> None:
 
 def is_quantized(w: LinearWeight) -> bool:
     return isinstance(w, (Int8Weight, Int4Weight))
-
-
-def weight_shape(w: LinearWeight) -> tuple[int, int]:
-    return tuple(w.shape)
 
 
 def _same_int4_layout(ws: list[Int4Weight]) -> bool:

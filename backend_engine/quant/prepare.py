@@ -10,8 +10,7 @@ from typing import Any
 import torch
 
 from backend_engine.quant import cpu
-from backend_engine.quant.formats import (Int4Weight, Int8Weight, LinearWeight, quantize_int4,
-                                          quantize_int8)
+from backend_engine.quant.formats import Int8Weight, LinearWeight, quantize_int4, quantize_int8
 
 QUANTIZE_AT_LOAD = ("int8", "int4")
 
@@ -44,6 +43,3 @@ def forms(kind: str) -> dict[str, Callable]:
     from backend_engine.quant import cuda
 
     return cuda.FORMS[kind]
-
-
-__all__ = ["Int4Weight", "Int8Weight", "forms", "prepare", "quantize"]
