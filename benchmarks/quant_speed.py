@@ -96,7 +96,9 @@ def kvgate_row(name: str, flags: dict, args, say) -> dict:
     mb = weight_bytes(llm.engine.runner.model) / 1e6
     del llm
     gc.collect()
-    engine = {"dtype": flags["dtype"], "max_num_seqs": 32, "num_kv_blocks": 2048}
+    # no admission bound: a shared, loaded machine must slow the run down, not refuse it
+    engine = {"dtype": flags["dtype"], "max_num_seqs": 32, "num_kv_blocks": 2048,
+              "max_queue_delay_s": 3600}
     config = UpConfig(model="default", replicas=1, gateways=0, num_threads=args.threads,
                       quantization=flags.get("quantization"), engine=engine,
                       log_level="warning", health_timeout_s=900.0)
