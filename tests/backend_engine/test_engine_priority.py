@@ -41,7 +41,14 @@ def reference(tiny_llm):
     return [o.outputs[0].token_ids for o in outs]
 
 
-def test_priority_preemption_changes_no_greedy_token(reference, quantization):
+def test_priority_preemption_changes_no_greedy_token(reference, quantization, request):
+    if quantization == "int8":
+        # Open (issue #15): a recomputed prefill and the decode steps it replaces differ in the
+        # last fp32 bits (SDPA vs grouped decode attention); the int8 kernel rounds activations
+        # to bf16, which can turn that into a one-ulp step and, rarely, a different greedy token
+        # (seen once, token 20 of 24, after main's grouped decode attention).
+        request.applymarker(pytest.mark.xfail(reason="bf16 activation rounding amplifies "
+                                                     "prefill/decode attention differences"))
     # 12 blocks of 16 tokens cannot hold six 64-token batch sequences: the chats preempt them
     llm = LLM("tiny-random", num_kv_blocks=12, max_num_seqs=4, max_num_batched_tokens=64,
               quantization=quantization)
