@@ -13,6 +13,9 @@ class EngineConfig:
     model: str = "default"  # "default" | HF folder | .gguf file | "tiny-random[-llama|-qwen2|-mistral]"
     served_model_name: str | None = None  # the id clients use; defaults to the model's name
     dtype: str = "float32"  # "float32" | "bfloat16" | "float16" (weights, activations and KV cache)
+    quantization: str | None = None  # None: the checkpoint's own (awq/gptq) or none | "none" |
+    #   "int8" | "int4" (quantise at load; a GGUF's tensors load directly) | "awq" | "gptq"
+    quantization_group_size: int = 32  # int4 at load: input features per scale/min (32/64/128)
     device: str = "cpu"  # "cpu" | "cuda"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     block_size: int = 16  # tokens per KV block (a power of two); gateways must use the same
@@ -70,6 +73,11 @@ class EngineConfig:
             raise ValueError("max_pinned_fraction must be between 0 and 0.9")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}")
+        if self.quantization not in (None, "none", "int8", "int4", "awq", "gptq"):
+            raise ValueError(f"unsupported quantization {self.quantization!r}; choose none, "
+                             "int8, int4, awq or gptq")
+        if self.quantization_group_size not in (32, 64, 128):
+            raise ValueError("quantization_group_size must be 32, 64 or 128")
         if self.target_itl_ms is not None and self.target_itl_ms <= 0:
             raise ValueError("target_itl_ms must be positive (or None for a fixed budget)")
         if self.min_prefill_tokens < 1:

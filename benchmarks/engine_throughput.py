@@ -27,8 +27,10 @@ from benchmarks.workloads import token_prompts
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def run_kvgate(prompts, new_tokens: int, concurrency: int, dtype: str) -> float:
-    llm = LLM("default", max_num_seqs=concurrency, max_num_batched_tokens=512, dtype=dtype)
+def run_kvgate(prompts, new_tokens: int, concurrency: int, dtype: str,
+               quantization: str | None = None) -> float:
+    llm = LLM("default", max_num_seqs=concurrency, max_num_batched_tokens=512, dtype=dtype,
+              quantization=quantization)
     llm.generate(prompts[:2], SamplingParams(max_tokens=4))  # warm-up
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     start = time.perf_counter()
@@ -101,18 +103,20 @@ def main() -> None:
     ap.add_argument("--hf-subset", type=int, default=4)
     ap.add_argument("--skip-hf-cb", action="store_true")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--quantization", default=None, choices=["int8", "int4"],
+                    help="kvgate's weights (the transformers baselines stay in --dtype)")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("default").folder)
     prompts = token_prompts(tokenizer, args.requests, args.prompt_tokens)
-    ours = run_kvgate(prompts, args.new_tokens, args.concurrency, args.dtype)
+    ours = run_kvgate(prompts, args.new_tokens, args.concurrency, args.dtype, args.quantization)
     print(f"kvgate                      {ours:8.1f} tok/s  ({args.requests} requests)")
     hf = run_hf_sequential(prompts[:args.hf_subset], args.new_tokens, args.dtype)
     print(f"transformers generate (1x1) {hf:8.1f} tok/s  ({args.hf_subset} requests)")
     result = {"speedup_vs_hf": round(ours / hf, 2), "kvgate_tok_s": round(ours, 1),
-              "hf_tok_s": round(hf, 2), "dtype": args.dtype}
+              "hf_tok_s": round(hf, 2), "dtype": args.dtype, "quantization": args.quantization}
     if not args.skip_hf_cb:
         hf_cb = run_hf_continuous_batching(prompts, args.new_tokens, args.concurrency,
                                            args.dtype)

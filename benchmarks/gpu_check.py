@@ -1,9 +1,10 @@
-"""The GPU check: kernel tests run natively, decode-attention bandwidth vs peak, engine vs
-transformers throughput, and on a machine with two GPUs or more tensor parallelism over NCCL
-(2 ranks against 1: the same greedy tokens, and step times). Each stage runs in its own process
-under a share of one deadline, so a hang or a crash in one still leaves the others' figures.
-Ends with one JSON line:
-{"decode_attn_bw_fraction": …, "engine_vs_hf": …, "kernel_tests_passed": …, "tp2_tokens_match": …, …}.
+"""The GPU check: kernel tests run natively, decode-attention and quantised-matmul bandwidth vs
+peak, engine vs transformers throughput and, on a machine with two GPUs or more, tensor
+parallelism over NCCL (2 ranks against 1: the same greedy tokens, and step times). Each stage
+runs in its own process under a share of one deadline, so a hang or a crash in one still leaves
+the others' figures. Ends with one JSON line:
+{"decode_attn_bw_fraction": …, "quant_decode_bw_fraction": …, "engine_vs_hf": …,
+ "kernel_tests_passed": …, "tp2_tokens_match": …, …}.
 Run it through benchmarks/gpu_check.sh."""
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGE_SECONDS = {"kernels": 170, "bandwidth": 60, "engine": 170, "tensor_parallel": 100}
+STAGE_SECONDS = {"kernels": 150, "bandwidth": 50, "quant_bandwidth": 50, "engine": 150,
+                 "tensor_parallel": 80}
 
 
 def _run(args: list[str], seconds: float) -> tuple[int | None, str]:
@@ -99,14 +101,18 @@ def main() -> None:
     # Figures first (short, they fit however the tests go), tests last with what is left.
     bandwidth = json_stage("benchmarks.decode_bandwidth", share("bandwidth"),
                            "decode_attn_bw_fraction")
+    quant = json_stage("benchmarks.quant_bandwidth", share("quant_bandwidth"),
+                       "quant_decode_bw_fraction")
     engine = json_stage("benchmarks.gpu_engine_vs_hf", share("engine"), "engine_vs_hf")
     tensor_parallel = tensor_parallel_stage(share("tensor_parallel"))
     kernels = kernel_tests(max(deadline - time.monotonic(), 30))
     result["decode_attn_bw_fraction"] = bandwidth.pop("decode_attn_bw_fraction", None)
     result["engine_vs_hf"] = engine.pop("engine_vs_hf", None)
+    result["quant_decode_bw_fraction"] = quant.pop("quant_decode_bw_fraction", None)
     result["kernel_tests_passed"] = kernels.pop("kernel_tests_passed")
     result["tp2_tokens_match"] = tensor_parallel.pop("tp2_tokens_match", None)
-    result.update(kernels, bandwidth=bandwidth, engine=engine, tensor_parallel=tensor_parallel)
+    result.update(kernels, bandwidth=bandwidth, quant_bandwidth=quant, engine=engine,
+                  tensor_parallel=tensor_parallel)
     print(json.dumps(result))
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GPU check for a machine with NVIDIA GPUs and PyTorch + Triton installed. From the repo root:
 #   bash benchmarks/gpu_check.sh
-# Runs the kernel tests natively (no interpreter), measures decode-attention bandwidth against
-# the device's peak and engine vs transformers throughput and, with two GPUs or more, tensor
-# parallelism over NCCL (TP=2 against TP=1: same greedy tokens, step times), in under 8 minutes,
-# and ends with one JSON line:
-# {"decode_attn_bw_fraction": …, "engine_vs_hf": …, "kernel_tests_passed": …, "tp2_tokens_match": …, …}.
+# Runs the kernel tests natively (no interpreter), measures decode-attention and quantised
+# (int8/int4 Triton) matmul bandwidth against the device's peak, engine vs transformers
+# throughput and, with two GPUs or more, tensor parallelism over NCCL (TP=2 against TP=1: same
+# greedy tokens, step times), in under 8 minutes, and ends with one JSON line:
+# {"decode_attn_bw_fraction": …, "quant_decode_bw_fraction": …, "engine_vs_hf": …, "tp2_tokens_match": …, …}.
 # Missing test/engine dependencies are pip-installed when an index is reachable; a stage whose
 # dependencies cannot be had reports null and says why.
 set -uo pipefail

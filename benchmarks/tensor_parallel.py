@@ -130,7 +130,7 @@ def run_engine(model: str, size: int, device: str, steps: int) -> dict:
         for batch in DECODE_BATCHES:
             result[f"decode_{batch}"], tokens[batch], logprobs[batch] = _decode(llm, batch, steps)
     finally:
-        llm.engine.shutdown()
+        llm.engine.close()
     return {"figures": result, "tokens": tokens, "logprobs": logprobs}
 
 

@@ -49,6 +49,12 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="compute and KV-cache dtype; auto: bfloat16 where the device computes it "
                         "natively (CUDA, CPUs with AVX512-BF16/AMX), else float32")
+    p.add_argument("--quantization", default=None, choices=["none", "int8", "int4", "awq", "gptq"],
+                   help="weights: int8 (per channel) / int4 (group-wise) quantise at load, a GGUF's "
+                        "tensors load directly; awq/gptq load such checkpoints (default: the "
+                        "checkpoint's own, else none)")
+    p.add_argument("--quantization-group-size", type=int, default=32, choices=[32, 64, 128],
+                   help="int4 at load: input features per scale and min")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -98,6 +104,8 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         model=args.model,
         served_model_name=args.served_model_name[0] if args.served_model_name else None,
         dtype=resolve_dtype(args.dtype, args.device),
+        quantization=args.quantization,
+        quantization_group_size=args.quantization_group_size,
         device=args.device,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,

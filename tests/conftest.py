@@ -13,8 +13,15 @@ def default_llm():
     return LLM("default", num_kv_blocks=512)
 
 
+@pytest.fixture(scope="session", params=[None, "int8"], ids=["fp32", "int8"])
+def quantization(request):
+    """Engine tests on the tiny models run unquantised and with int8 weights (issue #15)."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def tiny_llm():
+def tiny_llm(quantization):
     from backend_engine.llm import LLM
 
-    return LLM("tiny-random", num_kv_blocks=256, max_num_batched_tokens=256)
+    return LLM("tiny-random", num_kv_blocks=256, max_num_batched_tokens=256,
+               quantization=quantization)

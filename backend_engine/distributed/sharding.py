@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from backend_engine.errors import ModelLoadError
+from backend_engine.quant.formats import is_quantized, narrow
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +81,22 @@ def shard_layout(config, rank: int, size: int) -> ShardLayout:
                        config.intermediate_size // size, vocab, -(-vocab // size))
 
 
-def _rows(tensor: torch.Tensor, start: int, count: int) -> torch.Tensor:
+def _rows(tensor, start: int, count: int):
+    if is_quantized(tensor):  # a GGUF/AWQ/GPTQ weight, sharded as stored
+        return narrow(tensor, 0, start, count)
     return tensor[start:start + count].clone()  # a copy, so the full tensor can be freed
 
 
-def _columns(tensor: torch.Tensor, start: int, count: int) -> torch.Tensor:
+def _columns(tensor, start: int, count: int):
+    if is_quantized(tensor):
+        return narrow(tensor, 1, start, count)
     return tensor[:, start:start + count].contiguous()
 
 
 def _vocab_rows(tensor: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
+    if is_quantized(tensor):
+        raise ModelLoadError("tensor parallelism needs the embedding and lm_head unquantised "
+                             "(they are split by vocabulary rows and padded)")
     shard = _rows(tensor, layout.vocab_start, layout.vocab_per_rank)
     missing = layout.vocab_per_rank - shard.shape[0]
     if missing:

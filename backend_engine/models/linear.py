@@ -12,6 +12,10 @@ the fastest for 1-9 rows. Decode steps (one row per sequence) and speculative ve
 power-of-two row bucket by timing the candidates over the model's own weights, once per process
 (the choice belongs to the machine, not to an engine: engines in one process share it). On CUDA
 (and for big row counts) F.linear is used as is.
+
+Quantised weights (backend_engine/quant) come through the same call: their prepared layout names
+its kind, and the kind's forms (e.g. int8 weight-only kernel vs dequantise-then-GEMM) are chosen
+the same way, per shape and bucket; above the last bucket the last bucket's choice holds.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from backend_engine.quant.prepare import forms as quant_forms
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MARGIN = 0.95  # another form must be at least 5 % faster than F.linear to be chosen
@@ -49,69 +55,103 @@ FORMS: dict[str, Form] = {"linear": _linear, "flip": _flip,
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
-_measured: dict[tuple[tuple[int, int], torch.dtype, int], str] = {}  # per process
+_measured: dict[tuple, str] = {}  # (shape, dtype or quantised kind, rows) → form; per process
 
 
 def _bucket(rows: int) -> int:
     return 1 << (rows - 1).bit_length()
 
 
-def _fastest(weights: list[torch.Tensor], rows: int, repeats: int) -> str:
+def _fastest(candidates: dict[str, Form], weights: list, x: torch.Tensor, repeats: int) -> str:
     """Time each candidate form over a pass through all `weights` (so they come from memory,
     as in a decode step, not from cache); passes alternate between forms, and each form's
-    fastest pass counts, since a noisy neighbour can only slow a pass down."""
-    x = torch.randn(rows, weights[0].shape[1], dtype=weights[0].dtype)
-    names = ["linear", "pad_linear", "pad_flip"] if rows == 1 else ["linear", "flip"]
+    fastest pass counts, since a noisy neighbour can only slow a pass down. The first candidate
+    is the default, which another must beat by the margin."""
+    names = list(candidates)
     times: dict[str, list[float]] = {name: [] for name in names}
     for name in names:
-        FORMS[name](x, weights[0])  # warm each code path
+        candidates[name](x, weights[0])  # warm each code path
     for _ in range(repeats):
         for name in names:
-            form = FORMS[name]
+            form = candidates[name]
             start = time.perf_counter()
             for weight in weights:
                 form(x, weight)
             times[name].append(time.perf_counter() - start)
     fastest = {name: min(t) for name, t in times.items()}  # interference only adds time
     best = min(names, key=fastest.__getitem__)
-    return best if fastest[best] < MARGIN * fastest["linear"] else "linear"
+    return best if fastest[best] < MARGIN * fastest[names[0]] else names[0]
+
+
+def _candidates(weight, rows: int) -> dict[str, Form]:
+    if isinstance(weight, torch.Tensor):
+        names = ["linear", "pad_linear", "pad_flip"] if rows == 1 else ["linear", "flip"]
+        return {name: FORMS[name] for name in names}
+    return quant_forms(weight.kind)
+
+
+def _key(weight) -> tuple:
+    kind = weight.dtype if isinstance(weight, torch.Tensor) else weight.kind
+    return tuple(weight.shape), kind
 
 
 class RowAwareLinear:
-    """Call as `linear(x, weight, bias)`; after `calibrate`, each (shape, bucket) uses the
-    fastest measured form. Uncalibrated, it is F.linear."""
+    """Call as `linear(x, weight, bias)` with an fp tensor or a prepared quantised weight;
+    after `calibrate`, each (shape, bucket) uses the fastest measured form. Uncalibrated, it is
+    F.linear, or the quantised kind's default form."""
 
     def __init__(self) -> None:
-        self._choice: dict[tuple[tuple[int, int], int], str] = {}  # only non-"linear" choices
+        # only non-default choices: (shape, bucket) for fp weights, (kind, shape, bucket) else
+        self._choice: dict[tuple, str] = {}
 
-    def calibrate(self, groups: list[list[torch.Tensor]], repeats: int = 5) -> None:
-        """groups: lists of same-shape weights (e.g. every layer's qkv weight)."""
+    def calibrate(self, groups: list[list], repeats: int = 5,
+                  dtype: torch.dtype = torch.float32) -> None:
+        """groups: lists of same-shape weights (e.g. every layer's qkv weight); dtype: the
+        activations' dtype for quantised weights (fp weights use their own)."""
         for weights in groups:
-            weights = [w for w in weights if w.device.type == "cpu" and w.dim() == 2]
+            weights = [w for w in weights if w.device.type == "cpu" and len(w.shape) == 2]
             if not weights:
                 continue
-            shape, dtype = tuple(weights[0].shape), weights[0].dtype
+            shape, kind = _key(weights[0])
+            x_dtype = kind if isinstance(kind, torch.dtype) else dtype
             for rows in BUCKETS:
-                key = (shape, dtype, rows)
+                candidates = _candidates(weights[0], rows)
+                if len(candidates) < 2:
+                    continue
+                key = (shape, kind, rows)
                 with _lock:
                     if key not in _measured:
-                        _measured[key] = _fastest(weights, rows, repeats)
+                        x = torch.randn(rows, shape[1], dtype=x_dtype)
+                        _measured[key] = _fastest(candidates, weights, x, repeats)
                     name = _measured[key]
-                if name != "linear":
-                    self._choice[(shape, rows)] = name
+                if name != next(iter(candidates)):
+                    fp = isinstance(kind, torch.dtype)
+                    self._choice[(shape, rows) if fp else (kind, shape, rows)] = name
         log.debug("row-aware matmul forms: %s", self._choice)
 
-    def form(self, shape: tuple[int, int], rows: int) -> str:
-        """The name of the form used for this weight shape and row count."""
-        if rows > BUCKETS[-1]:
-            return "linear"
-        return self._choice.get((shape, _bucket(rows)), "linear")
+    def form(self, shape: tuple[int, int], rows: int, kind: str | None = None) -> str:
+        """The name of the form used for this weight shape (and quantised kind) and row count."""
+        if kind is None:
+            if rows > BUCKETS[-1]:
+                return "linear"
+            return self._choice.get((shape, _bucket(rows)), "linear")
+        bucket = _bucket(min(rows, BUCKETS[-1]))
+        return self._choice.get((kind, shape, bucket)) or next(iter(quant_forms(kind)))
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if not isinstance(weight, torch.Tensor):
+            return self._quantized(x, weight, bias)
         if x.dim() == 2:
             name = self.form(tuple(weight.shape), x.shape[0])
             if name != "linear":
                 y = FORMS[name](x, weight)
                 return y if bias is None else y + bias
         return F.linear(x, weight, bias)
+
+    def _quantized(self, x: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        name = self.form(tuple(weight.shape), x2.shape[0], weight.kind)
+        y = quant_forms(weight.kind)[name](x2, weight)
+        if bias is not None:
+            y = y + bias
+        return y.view(*x.shape[:-1], y.shape[-1])

@@ -4,6 +4,8 @@ Weights come from a Hugging Face state dict; q/k/v and gate/up are fused into on
 Under tensor parallelism the state dict is this rank's shard (distributed/sharding.py): the
 model then holds its share of the heads and of the MLP, sums the o and down projections over
 the ranks, and looks up / scores the vocabulary in parallel (distributed/vocab.py).
+A linear weight may arrive quantised (GGUF/AWQ/GPTQ) or be quantised here (`quantization`
+int8/int4); either way it goes through `RowAwareLinear`, so the layer code has no format branch.
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ from backend_engine.distributed.vocab import embed_tokens, gather_logits
 from backend_engine.errors import ModelLoadError
 from backend_engine.models.linear import RowAwareLinear
 from backend_engine.models.rotary import RotaryEmbedding
+from backend_engine.quant.formats import cat_rows, is_quantized, to_int8
+from backend_engine.quant.prepare import prepare, quantize
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # one fused op (bit-identical to x * rsqrt(mean(x^2) + eps) * weight in fp32)
     if x.dtype == torch.float32:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-    x32 = x.float()  # statistics in fp32, as transformers does, for bf16/fp16 models
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return F.rms_norm(x, weight.shape, weight, eps)
+    # bf16/fp16: normalise in fp32, round, then scale, in transformers' order
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 class DecoderLayer:
@@ -36,31 +41,35 @@ class DecoderLayer:
                 raise ModelLoadError(f"weight {key} missing from the checkpoint")
             return weights[key]
 
+        def fused(*names: str):
+            return model.prepare_linear(cat_rows([w(n) for n in names]), prefix + names[0])
+
         attn = "self_attn."
-        self.qkv_weight = torch.cat([w(attn + "q_proj.weight"), w(attn + "k_proj.weight"),
-                                     w(attn + "v_proj.weight")]).contiguous()
+        self.qkv_weight = fused(attn + "q_proj.weight", attn + "k_proj.weight",
+                                attn + "v_proj.weight")
         bias_keys = [prefix + attn + f"{p}_proj.bias" for p in "qkv"]
-        self.qkv_bias = (torch.cat([weights[k] for k in bias_keys]).contiguous()
+        self.qkv_bias = (model.to_compute(torch.cat([weights[k] for k in bias_keys]))
                          if all(k in weights for k in bias_keys) else None)
-        self.o_weight = w(attn + "o_proj.weight")
-        self.gate_up_weight = torch.cat([w("mlp.gate_proj.weight"),
-                                         w("mlp.up_proj.weight")]).contiguous()
-        self.down_weight = w("mlp.down_proj.weight")
-        self.input_norm = w("input_layernorm.weight")
-        self.post_attn_norm = w("post_attention_layernorm.weight")
+        self.o_weight = fused(attn + "o_proj.weight")
+        self.gate_up_weight = fused("mlp.gate_proj.weight", "mlp.up_proj.weight")
+        self.down_weight = fused("mlp.down_proj.weight")
+        self.input_norm = model.to_compute(w("input_layernorm.weight"))
+        self.post_attn_norm = model.to_compute(w("post_attention_layernorm.weight"))
         self.model = model
 
-    def __call__(self, hidden, positions, k_cache, v_cache, meta: AttentionMetadata):
+    def __call__(self, hidden, positions, k_cache, v_cache, meta: AttentionMetadata,
+                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None):
         m = self.model
         linear = m.linear
         residual = hidden
         x = rms_norm(hidden, self.input_norm, m.eps)
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.split([m.q_size, m.kv_size, m.kv_size], dim=-1)
-        q = q.view(-1, m.num_heads, m.head_dim)
-        k = k.view(-1, m.num_kv_heads, m.head_dim)
+        qk, v = qkv.split([m.q_size + m.kv_size, m.kv_size], dim=-1)
+        # q and k heads side by side: one rotation for both
+        qk = m.rotary.rotate(qk.view(-1, m.num_heads + m.num_kv_heads, m.head_dim),
+                             *(cos_sin or m.rotary.cos_sin(positions)))
+        q, k = qk.split([m.num_heads, m.num_kv_heads], dim=1)
         v = v.view(-1, m.num_kv_heads, m.head_dim)
-        q, k = m.rotary(positions, q, k)
         m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale)
         hidden = residual + m.tp.all_reduce(linear(attn.reshape(-1, m.q_size), self.o_weight))
@@ -73,7 +82,8 @@ class DecoderLayer:
 class LlamaModel:
     def __init__(self, config, weights: dict[str, torch.Tensor], attention: AttentionBackend,
                  max_positions: int, dtype: torch.dtype, device: str = "cpu",
-                 calibrate_matmuls: bool = True, tp: TensorParallelGroup = SINGLE):
+                 calibrate_matmuls: bool = True, tp: TensorParallelGroup = SINGLE,
+                 quantization: str | None = None, quant_group_size: int = 32):
         """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard."""
         self.config = config
         self.tp = tp
@@ -91,28 +101,46 @@ class LlamaModel:
         self.vocab_size = config.vocab_size
         self.attention = attention
         self.rotary = RotaryEmbedding(config, self.head_dim, max_positions, dtype, device)
-        weights = {k: v.to(dtype=dtype, device=device) for k, v in weights.items()}
-        self.embed = weights["model.embed_tokens.weight"]
-        self.norm = weights["model.norm.weight"]
+        self.dtype, self.device = dtype, torch.device(device)
+        self.quantization, self.quant_group_size = quantization, quant_group_size
+        self.embed = self.to_compute(weights["model.embed_tokens.weight"])
+        self.norm = self.to_compute(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
-        self.lm_head = self.embed if tied else weights["lm_head.weight"]
+        lm_head = weights["model.embed_tokens.weight"] if tied else weights["lm_head.weight"]
+        if quantization or is_quantized(lm_head):
+            # int8 per channel in every quantised mode: it is the largest single matrix
+            # (49152 x 576 in SmolLM2), read whole at every step
+            self.lm_head = prepare(to_int8(lm_head), self.device, dtype)
+        else:
+            self.lm_head = self.embed if tied else self.to_compute(lm_head)
         self.layers = [DecoderLayer(weights, f"model.layers.{i}.", self)
                        for i in range(self.num_layers)]
         self.linear = RowAwareLinear()
-        if calibrate_matmuls and self.lm_head.device.type == "cpu":
+        if calibrate_matmuls and self.device.type == "cpu":
             layers = self.layers
             self.linear.calibrate([[layer.qkv_weight for layer in layers],
                                    [layer.o_weight for layer in layers],
                                    [layer.gate_up_weight for layer in layers],
-                                   [layer.down_weight for layer in layers], [self.lm_head]])
+                                   [layer.down_weight for layer in layers], [self.lm_head]],
+                                  dtype=dtype)
+
+    def to_compute(self, t: torch.Tensor) -> torch.Tensor:
+        """Embeddings, norms and biases: the compute dtype on the model's device."""
+        return t.to(dtype=self.dtype, device=self.device).contiguous()
+
+    def prepare_linear(self, w, name: str):
+        """Quantise at load when asked (int8/int4), then lay out for the device's kernels."""
+        return prepare(quantize(w, self.quantization, self.quant_group_size, name), self.device,
+                       self.dtype)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata) -> torch.Tensor:
         hidden = embed_tokens(input_ids, self.embed, self.layout, self.tp)
+        cos_sin = self.rotary.cos_sin(positions)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            hidden = layer(hidden, positions, k_cache, v_cache, meta)
+            hidden = layer(hidden, positions, k_cache, v_cache, meta, cos_sin)
         return rms_norm(hidden, self.norm, self.eps)
 
     @torch.inference_mode()

@@ -47,9 +47,17 @@ class RotaryEmbedding:
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q [T, H, D], k [T, KVH, D] → rotated copies."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = self.cos_sin(positions)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, 1, D] each: looked up once per step, shared by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] (q and k heads side by side rotate in one pass) → a rotated copy."""
+        return _rotate(x, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,11 @@ class DraftModelProposer:
             raise ModelLoadError(
                 f"draft model vocabulary ({hf_config.vocab_size}) differs from the target's "
                 f"({target_vocab_size}); the draft must share the target's tokenizer")
+        # int8/int4 quantise the draft too; awq/gptq name the target checkpoint's format
+        quantization = config.quantization if config.quantization in ("int8", "int4") else None
         draft_config = dataclasses.replace(config, model=config.draft_model,  # rank 0 only
-                                           speculative_method=None, tensor_parallel_size=1)
+                                           speculative_method=None, tensor_parallel_size=1,
+                                           quantization=quantization)
         self.runner = ModelRunner(draft_config, files.folder, hf_config, max_model_len)
         self.pool = BlockPool(self.runner.num_blocks, enable_caching=config.enable_prefix_caching,
                               event_buffer=1)

@@ -55,6 +55,10 @@ def add_up_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, action=_Typed, default=1,
                    help="processes (CPU) or GPUs each replica spans")
     p.add_argument("--speculative-method", action=_Typed, default=None, choices=["ngram", "draft"])
+    p.add_argument("--quantization", action=_Typed, default=None,
+                   choices=["none", "int8", "int4", "awq", "gptq"],
+                   help="every replica's weights (see `kvgate engine --help`); int4 on the default "
+                        "GGUF serves its 4-bit tensors as stored")
     p.add_argument("--admin-key", action=_Typed, default=None, help="key for the gateways' /admin (default: generated)")
     p.add_argument("--api-key", action=_Typed, default=None,
                    help="user key for /v1/* (default: none; generated when gateways share Redis)")

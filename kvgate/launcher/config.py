@@ -16,6 +16,7 @@ _MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "spec
                          "tensor_parallel_size", "role", "kv_transfer_port", "kv_transfer_host"}
 _MANAGED_GATEWAY_FLAGS = {"host", "port", "replica", "redis_url", "policy", "admin_key", "api_key"}
 _DEVICES = ("auto", "cpu", "cuda")
+_QUANTIZATIONS = (None, "none", "int8", "int4", "awq", "gptq")
 
 
 class ConfigError(ValueError):
@@ -38,6 +39,7 @@ class UpConfig:
     num_threads: int | None = None  # per CPU process; None: max(1, cores // (replicas × tensor_parallel_size))
     tensor_parallel_size: int = 1  # processes (CPU) or GPUs each replica spans
     speculative_method: str | None = None  # "ngram" or "draft" on every replica
+    quantization: str | None = None  # every replica's --quantization (none/int8/int4/awq/gptq)
     admin_key: str | None = None  # None: one is generated per run and printed
     api_key: str | None = None  # user key for /v1/*; generated when gateways share Redis
     engine: dict[str, Any] = field(default_factory=dict)  # more `kvgate engine` flags for every replica, by name: {num_kv_blocks: 2048}; true adds a bare flag
@@ -65,6 +67,13 @@ class UpConfig:
             raise ConfigError(f"port {self.port} is not a TCP port")
         if self.device not in _DEVICES:
             raise ConfigError(f"device must be one of {list(_DEVICES)}, not {self.device!r}")
+        if self.quantization not in _QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {list(_QUANTIZATIONS[1:])}, "
+                              f"not {self.quantization!r}")
+        engine_quantization = self.engine.get("quantization") if isinstance(self.engine, dict) else None
+        if self.quantization and engine_quantization and engine_quantization != self.quantization:
+            raise ConfigError(f"quantization {self.quantization!r} and engine.quantization "
+                              f"{engine_quantization!r} disagree; set one")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("num_threads must be at least 1")
         if self.tensor_parallel_size < 1:

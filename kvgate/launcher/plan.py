@@ -161,6 +161,8 @@ def _replica_spec(config: UpConfig, i: int, port: int, device: str, gpus: int, c
         argv += ["--tensor-parallel-size", str(tp)]
     if config.speculative_method:
         argv += ["--speculative-method", config.speculative_method]
+    if config.quantization and "quantization" not in config.engine:
+        argv += ["--quantization", config.quantization]
     if config.api_key and config.gateways == 0:  # no gateway in front: the replicas check the key
         argv.append(f"--api-key={config.api_key}")  # "=": a key may start with "-"
     extra = dict(config.engine)

@@ -14,11 +14,11 @@ from backend_engine.server.settings import ServerSettings
 from tests.backend_engine.helpers import assert_no_leaks
 from tests.backend_engine.server.harness import start_server
 
-LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+LONG = SamplingParams(temperature=0, max_tokens=1900, ignore_eos=True)  # busy for seconds
 
 
 def _config(**kw) -> EngineConfig:
-    return EngineConfig(model="tiny-random", num_kv_blocks=128, max_model_len=1024,
+    return EngineConfig(model="tiny-random", num_kv_blocks=256, max_model_len=2048,
                         target_itl_ms=50, **kw)
 
 
@@ -82,7 +82,7 @@ def test_the_http_edge_answers_503_with_retry_after_and_serves_again_after():
     chat = server.base_url + "/v1/chat/completions"
     try:
         with httpx.Client(timeout=60) as http:
-            body = {"model": "tiny-random", "max_tokens": 400, "ignore_eos": True, "stream": True,
+            body = {"model": "tiny-random", "max_tokens": 1900, "ignore_eos": True, "stream": True,
                     "messages": [{"role": "user", "content": "keep busy"}]}
             with http.stream("POST", chat, json=body) as busy:
                 assert busy.status_code == 200

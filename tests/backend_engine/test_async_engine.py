@@ -12,9 +12,9 @@ from routing.hashing import block_hashes, namespace_for
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(quantization):
     return AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=128,
-                                       max_num_batched_tokens=64))
+                                       max_num_batched_tokens=64, quantization=quantization))
 
 
 async def _collect(engine, rid, tokens, params, **kw):

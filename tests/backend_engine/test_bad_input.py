@@ -73,8 +73,9 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
         LLM(str(tmp_path))
 
 
-def test_request_that_outgrows_a_tiny_pool_finishes_with_length():
-    llm = LLM("tiny-random", num_kv_blocks=4, block_size=16)  # 64 tokens of KV in all
+def test_request_that_outgrows_a_tiny_pool_finishes_with_length(quantization):
+    llm = LLM("tiny-random", num_kv_blocks=4, block_size=16,  # 64 tokens of KV in all
+              quantization=quantization)
     out = llm.generate([[7] * 40], SamplingParams(temperature=0, max_tokens=100,
                                                   ignore_eos=True))
     assert out[0].outputs[0].finish_reason == "length"

@@ -11,8 +11,9 @@ from backend_engine.sampling_params import SamplingParams
 PREFIX = list(range(300, 364))  # 64 tokens: 4 full blocks of 16
 
 
-def _engine(policy: str = "kvgate") -> AsyncLLMEngine:
+def _engine(quantization: str | None, policy: str = "kvgate") -> AsyncLLMEngine:
     return AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=48,
+                                       quantization=quantization,
                                        max_num_batched_tokens=128, eviction_policy=policy,
                                        max_pinned_fraction=0.25))
 
@@ -30,8 +31,8 @@ async def _flood(engine: AsyncLLMEngine, n: int) -> None:
         await _cached_tokens(engine, f"flood-{i}", [1000 + 97 * i + j for j in range(64)])
 
 
-async def test_a_pinned_prefix_survives_a_flood_and_unpinning_releases_it():
-    engine = _engine()
+async def test_a_pinned_prefix_survives_a_flood_and_unpinning_releases_it(quantization):
+    engine = _engine(quantization)
     await engine.start()
     try:
         view = await engine.pin("sys", PREFIX, excerpt="system")
@@ -49,8 +50,8 @@ async def test_a_pinned_prefix_survives_a_flood_and_unpinning_releases_it():
         await engine.shutdown()
 
 
-async def test_without_a_pin_plain_lru_loses_the_prefix_in_the_same_flood():
-    engine = _engine("lru")
+async def test_without_a_pin_plain_lru_loses_the_prefix_in_the_same_flood(quantization):
+    engine = _engine(quantization, "lru")
     await engine.start()
     try:
         await _cached_tokens(engine, "first", PREFIX + [1])
@@ -60,8 +61,8 @@ async def test_without_a_pin_plain_lru_loses_the_prefix_in_the_same_flood():
         await engine.shutdown()
 
 
-async def test_bad_pins_are_refused_and_change_nothing():
-    engine = _engine()
+async def test_bad_pins_are_refused_and_change_nothing(quantization):
+    engine = _engine(quantization)
     await engine.start()
     try:
         with pytest.raises(InvalidRequestError, match="full block"):
@@ -79,8 +80,8 @@ async def test_bad_pins_are_refused_and_change_nothing():
         await engine.shutdown()
 
 
-async def test_requests_are_sized_to_the_pool_less_the_pins_they_do_not_share():
-    engine = _engine()  # 48 blocks, 12 pinnable
+async def test_requests_are_sized_to_the_pool_less_the_pins_they_do_not_share(quantization):
+    engine = _engine(quantization)  # 48 blocks, 12 pinnable
     await engine.start()
     try:
         pinned = list(range(700, 700 + 16 * 12))
@@ -94,8 +95,8 @@ async def test_requests_are_sized_to_the_pool_less_the_pins_they_do_not_share():
         await engine.shutdown()
 
 
-async def test_a_pin_that_would_starve_a_request_in_flight_is_refused():
-    engine = _engine()  # 48 blocks, 12 pinnable
+async def test_a_pin_that_would_starve_a_request_in_flight_is_refused(quantization):
+    engine = _engine(quantization)  # 48 blocks, 12 pinnable
     await engine.start()
     try:
         params = SamplingParams(temperature=0, max_tokens=16 * 20, ignore_eos=True)

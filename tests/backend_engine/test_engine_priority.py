@@ -41,9 +41,17 @@ def reference(tiny_llm):
     return [o.outputs[0].token_ids for o in outs]
 
 
-def test_priority_preemption_changes_no_greedy_token(reference):
+def test_priority_preemption_changes_no_greedy_token(reference, quantization, request):
+    if quantization == "int8":
+        # Open (issue #15): a recomputed prefill and the decode steps it replaces differ in the
+        # last fp32 bits (SDPA vs grouped decode attention); the int8 kernel rounds activations
+        # to bf16, which can turn that into a one-ulp step and, rarely, a different greedy token
+        # (seen once, token 20 of 24, after main's grouped decode attention).
+        request.applymarker(pytest.mark.xfail(reason="bf16 activation rounding amplifies "
+                                                     "prefill/decode attention differences"))
     # 12 blocks of 16 tokens cannot hold six 64-token batch sequences: the chats preempt them
-    llm = LLM("tiny-random", num_kv_blocks=12, max_num_seqs=4, max_num_batched_tokens=64)
+    llm = LLM("tiny-random", num_kv_blocks=12, max_num_seqs=4, max_num_batched_tokens=64,
+              quantization=quantization)
     arrivals = [(0, f"batch-{i}", p, 5) for i, p in enumerate(BATCH)]
     arrivals += [(6, f"chat-{i}", p, 0) for i, p in enumerate(CHAT)]
     tokens, _ = _run(llm, arrivals)
@@ -132,15 +140,16 @@ def test_async_engine_serves_by_priority():
     assert_no_leaks(engine.engine)
 
 
-def test_priority_with_speculative_decoding_changes_no_greedy_token():
+def test_priority_with_speculative_decoding_changes_no_greedy_token(quantization):
     # Repetitive prompts make the n-gram proposer draft; drafts of batch sequences that yield
     # their budget or get preempted are dropped, never verified late. (This schedule does both
     # to a sequence holding drafts.)
     prompts = [[5, 6, 7, 8] * 10, [9, 10, 11] * 12, [12, 13] * 20]
     chats = [[5 + i, 6, 7, 8] * 3 for i in range(8)]
-    plain = LLM("tiny-random", num_kv_blocks=64)
+    plain = LLM("tiny-random", num_kv_blocks=64, quantization=quantization)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts + chats, GREEDY)]
     llm = LLM("tiny-random", num_kv_blocks=10, max_num_seqs=4, max_num_batched_tokens=16,
+              quantization=quantization,
               speculative_method="ngram", num_speculative_tokens=3, speculative_max_batch=8)
     arrivals = [(0, f"batch-{i}", p, 5) for i, p in enumerate(prompts)]
     arrivals += [(6 + 4 * i, f"chat-{i}", p, 0) for i, p in enumerate(chats)]

@@ -1,4 +1,5 @@
-"""The same greedy tokens whatever the batching, chunking, caching or memory pressure."""
+"""The same greedy tokens whatever the batching, chunking, caching or memory pressure: the
+default model unquantised, and the tiny model with int8 weights."""
 
 import pytest
 
@@ -12,9 +13,28 @@ PROMPTS = [SYSTEM + q for q in ("What is 2+2?", "Name a colour.", "Spell 'cat'."
 PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
+CASES = [("default", None), ("tiny-random", "int8")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=["default", "tiny-int8"])
+def case(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def reference(default_llm):
-    return [o.outputs[0].token_ids for o in default_llm.generate(PROMPTS, PARAMS)]
+def base_llm(case, request):
+    if case == ("default", None):
+        return request.getfixturevalue("default_llm")
+    return LLM(case[0], num_kv_blocks=512, quantization=case[1])
+
+
+def _llm(case, **kwargs):
+    return LLM(case[0], quantization=case[1], **kwargs)
+
+
+@pytest.fixture(scope="module")
+def reference(base_llm):
+    return [o.outputs[0].token_ids for o in base_llm.generate(PROMPTS, PARAMS)]
 
 
 def _tokens(llm):
@@ -23,15 +43,15 @@ def _tokens(llm):
     return [o.outputs[0].token_ids for o in outs]
 
 
-def test_one_at_a_time_matches_mixed_batch(default_llm, reference):
-    singles = [default_llm.generate(p, PARAMS)[0].outputs[0].token_ids for p in PROMPTS]
+def test_one_at_a_time_matches_mixed_batch(base_llm, reference):
+    singles = [base_llm.generate(p, PARAMS)[0].outputs[0].token_ids for p in PROMPTS]
     assert singles == reference
 
 
-def test_prefix_cache_hits_are_counted_and_do_not_change_output(default_llm, reference):
-    engine = default_llm.engine
+def test_prefix_cache_hits_are_counted_and_do_not_change_output(base_llm, reference):
+    engine = base_llm.engine
     before_hits = engine.stats.prefix_cache_hits
-    outs = default_llm.generate(PROMPTS, PARAMS)
+    outs = base_llm.generate(PROMPTS, PARAMS)
     assert [o.outputs[0].token_ids for o in outs] == reference
     # every prompt was seen before: each hits all of its full blocks but the last token's
     expected = [((len(o.prompt_token_ids) - 1) // 16) * 16 for o in outs]
@@ -39,19 +59,19 @@ def test_prefix_cache_hits_are_counted_and_do_not_change_output(default_llm, ref
     assert engine.stats.prefix_cache_hits - before_hits == sum(expected)
 
 
-def test_caching_off_gives_same_tokens(reference):
-    llm = LLM("default", num_kv_blocks=256, enable_prefix_caching=False)
+def test_caching_off_gives_same_tokens(case, reference):
+    llm = _llm(case, num_kv_blocks=256, enable_prefix_caching=False)
     assert _tokens(llm) == reference
     assert llm.engine.stats.prefix_cache_hits == 0
 
 
-def test_odd_chunked_prefill_gives_same_tokens(reference):
-    llm = LLM("default", num_kv_blocks=256, max_num_batched_tokens=37)
+def test_odd_chunked_prefill_gives_same_tokens(case, reference):
+    llm = _llm(case, num_kv_blocks=256, max_num_batched_tokens=37)
     assert _tokens(llm) == reference
 
 
-def test_preemption_under_a_tiny_pool_gives_same_tokens(reference):
+def test_preemption_under_a_tiny_pool_gives_same_tokens(case, reference):
     # 6 prompts of ~90 tokens + 24 outputs need ~42 blocks at once; 16 forces preemption
-    llm = LLM("default", num_kv_blocks=16, max_num_batched_tokens=64)
+    llm = _llm(case, num_kv_blocks=16, max_num_batched_tokens=64)
     assert _tokens(llm) == reference
     assert llm.engine.stats.preemptions > 0

@@ -86,6 +86,7 @@ def test_sampled_tokens_keep_their_distribution_under_speculation(tiny_llm):
     params = [SamplingParams(temperature=1.0, top_k=4, max_tokens=3, seed=s, ignore_eos=True)
               for s in range(600)]
     spec = LLM("tiny-random", num_kv_blocks=512, speculative_method="ngram",
+               quantization=tiny_llm.engine.config.quantization,
                num_speculative_tokens=2, speculative_max_batch=1000, max_num_seqs=128)
     plain = [tuple(o.outputs[0].token_ids[:2]) for o in tiny_llm.generate([prompt] * 600, params)]
     specd = [tuple(o.outputs[0].token_ids[:2]) for o in spec.generate([prompt] * 600, params)]
@@ -95,9 +96,10 @@ def test_sampled_tokens_keep_their_distribution_under_speculation(tiny_llm):
     assert_no_leaks(spec.engine)
 
 
-def test_rejections_and_aborts_leak_no_blocks():
+def test_rejections_and_aborts_leak_no_blocks(quantization):
     llm = LLM("tiny-random", num_kv_blocks=96, speculative_method="ngram",
-              num_speculative_tokens=5, block_size=16, speculative_max_batch=16)
+              num_speculative_tokens=5, block_size=16, speculative_max_batch=16,
+              quantization=quantization)
     engine = llm.engine
     for seed in range(1, 9):  # sampled continuations of a random model rarely repeat a bigram
         params = SamplingParams(temperature=1.0, top_k=3, max_tokens=60, seed=seed,
@@ -153,6 +155,7 @@ def test_sampled_tokens_keep_their_distribution_with_a_different_draft_model(tin
     params = [SamplingParams(temperature=1.0, top_k=4, max_tokens=3, seed=s, ignore_eos=True)
               for s in range(600)]
     spec = LLM("tiny-random", num_kv_blocks=1024, speculative_method="draft",
+               quantization=tiny_llm.engine.config.quantization,
                draft_model=draft, num_speculative_tokens=2,
                speculative_max_batch=1000, max_num_seqs=128)
     # the second token is the first one decided by verifying a draft

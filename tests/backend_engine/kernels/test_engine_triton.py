@@ -69,5 +69,5 @@ def test_triton_engine_on_two_tensor_parallel_ranks_matches_torch(torch_tokens, 
         again = llm.generate(PROMPTS[:2], PARAMS)
         assert [o.outputs[0].token_ids for o in first + again] == torch_tokens
     finally:
-        llm.engine.shutdown()
+        llm.engine.close()
         torch.set_num_threads(threads)

@@ -1,0 +1,142 @@
+"""Quantised weights laid out for torch's CPU weight-only kernels, and the matmul forms over them.
+
+- int8: `torch._weight_int8pack_mm(x, int8 [N, K], scales [N])` (per-channel, oneDNN/ATen
+  vectorised), which needs x and the scales in one dtype.
+- int4: `aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)` over
+  `aten._convert_weight_to_int4pack_for_cpu`'s blocked layout. Its dequantisation is
+  w = (q - 8) * scale + zero, so our min becomes zero = min + 8 * scale; it packs N in tiles
+  of 16, so other row counts are padded with zero rows.
+
+Each kernel runs in bfloat16 (the fast path on AVX512-BF16; see docs/engine/quantization.md for
+the measurements), so an fp32 model's activations are rounded to bf16 at the matmul and its
+output cast back. `RowAwareLinear` would choose among several forms per shape and row bucket;
+on CPU each kind has one (see FORMS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from backend_engine.quant.formats import Int4Weight, Int8Weight
+
+aten = torch.ops.aten
+KERNEL_DTYPE = torch.bfloat16
+_N_TILE = 16  # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0
+
+
+@dataclass(slots=True, eq=False)
+class CpuInt8Weight:
+    kind: ClassVar[str] = "int8_cpu"
+    qweight: torch.Tensor  # int8 [N, K]
+    scales: torch.Tensor  # bf16 [N]
+    scales_fp32: torch.Tensor  # fp32 [N]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.qweight.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.nbytes + self.scales.nbytes + self.scales_fp32.nbytes
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.qweight.float() * self.scales_fp32[:, None]).to(dtype)
+
+
+@dataclass(slots=True, eq=False)
+class CpuInt4Weight:
+    kind: ClassVar[str] = "int4_cpu"
+    packed: torch.Tensor  # uint8, torch's blocked int4 layout for [N_padded, K]
+    scales_and_zeros: torch.Tensor  # bf16 [K // group_size, N_padded, 2]
+    group_size: int
+    out_features: int  # N before padding
+    perm: torch.Tensor | None  # input-channel order of the groups (GPTQ act-order)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.packed.shape[1] * 2
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales_and_zeros.nbytes + (
+            self.perm.nbytes if self.perm is not None else 0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Exact: the kernel itself applied to the identity."""
+        k = self.shape[1]
+        eye = torch.eye(k, dtype=KERNEL_DTYPE)
+        grouped = aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
+                                                   self.scales_and_zeros)
+        grouped = grouped[:, :self.out_features].t().float()
+        if self.perm is None:
+            return grouped.to(dtype)
+        w = torch.empty_like(grouped)
+        w[:, self.perm] = grouped
+        return w.to(dtype)
+
+
+def prepare_int8(w: Int8Weight) -> CpuInt8Weight:
+    scales = w.scales.float().contiguous()
+    return CpuInt8Weight(w.qweight.contiguous(), scales.to(KERNEL_DTYPE), scales)
+
+
+def prepare_int4(w: Int4Weight) -> CpuInt4Weight:
+    n, k = w.shape
+    pad = -n % _N_TILE
+    q = w.values().to(torch.int32)
+    scales, zeros = w.scales.float(), w.mins.float() + 8.0 * w.scales.float()
+    if pad:
+        q = torch.cat([q, q.new_full((pad, k), 8)])
+        scales = torch.cat([scales, scales.new_zeros(pad, scales.shape[1])])
+        zeros = torch.cat([zeros, zeros.new_zeros(pad, zeros.shape[1])])
+    packed = aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+    sz = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(KERNEL_DTYPE)
+    return CpuInt4Weight(packed, sz, w.group_size, n, w.perm)
+
+
+def _to_kernel(x: torch.Tensor) -> torch.Tensor:
+    # a check in Python is cheaper than a no-op dispatch, and this runs 4x per layer per step
+    x = x if x.dtype == KERNEL_DTYPE else x.to(KERNEL_DTYPE)
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def _from_kernel(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return y if dtype == KERNEL_DTYPE else y.to(dtype)
+
+
+def _int8_mm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
+    return _from_kernel(torch._weight_int8pack_mm(_to_kernel(x), w.qweight, w.scales), x.dtype)
+
+
+def _int4_mm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
+    dtype = x.dtype
+    if w.perm is not None:
+        x = x.index_select(1, w.perm)
+    y = aten._weight_int4pack_mm_for_cpu(_to_kernel(x), w.packed, w.group_size,
+                                         w.scales_and_zeros)
+    if y.shape[1] != w.out_features:
+        y = y[:, :w.out_features].contiguous()
+    return _from_kernel(y, dtype)
+
+
+# One form per kind. Each kernel gives a row the same bits whatever the batch around it, so
+# greedy tokens do not change with batching, chunking or preemption; a second form (e.g. int8
+# dequantised to bf16 for a BLAS GEMM, 1.5-2x faster at 256 rows) rounds differently (measured:
+# 42 % of outputs differ by >= 1 bf16 ulp), and switching forms between row buckets changed
+# greedy tokens after preemption in the engine tests. int8 with fp32 activations was 5-30x
+# slower than with bf16 ones. See docs/engine/quantization.md.
+FORMS = {
+    CpuInt8Weight.kind: {"int8_mm": _int8_mm},
+    CpuInt4Weight.kind: {"int4_mm": _int4_mm},
+}

@@ -1,0 +1,156 @@
+"""Read a GGUF file's tensors straight into our formats, under Hugging Face names.
+
+Nearest format per GGML type, for `--quantization int4`:
+- Q4_0, Q4_1, Q4_K → `Int4Weight` with groups of 32, exactly (the same 4-bit values; Q4_K's
+  6-bit sub-block scales and mins multiplied out);
+- Q8_0, Q6_K → `Int8Weight` per channel (re-quantised from the values in memory: there is no
+  8-bit group-wise kernel, and 6 bits squeezed into 4 would lose more than the file did);
+- F32, F16, BF16 → plain tensors (quantised to the target format at load like any fp weight).
+`--quantization int8` turns every linear weight into int8 per channel. Token embeddings and norms
+become fp tensors (embeddings are gathered, not multiplied). Nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from backend_engine.errors import ModelLoadError
+from backend_engine.quant.formats import Int4Weight, LinearWeight, pack_nibbles, quantize_int8
+
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+DEQUANTIZED_TYPES = ("Q8_0", "Q6_K")
+FLOAT_TYPES = ("F32", "F16", "BF16")
+SUPPORTED_TYPES = FLOAT_TYPES + INT4_TYPES + DEQUANTIZED_TYPES
+
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+                "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_EMBEDDING_OR_NORM = re.compile(r"(embed_tokens|norm)\.weight$")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.match(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def load_gguf_weights(path: Path, target: str, num_heads: int,
+                      num_kv_heads: int) -> dict[str, LinearWeight]:
+    """target: "int4" or "int8". Checks every tensor's type before decoding any."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = _field_str(reader, "general.architecture")
+    tensors = []
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if kind not in SUPPORTED_TYPES:
+            raise ModelLoadError(
+                f"GGUF tensor {t.name} in {path.name} has type {kind}, which kvgate cannot "
+                f"load; supported: {', '.join(SUPPORTED_TYPES)}")
+        name = hf_name(t.name)
+        if name is None:
+            raise ModelLoadError(f"GGUF tensor {t.name} in {path.name} has no place in a "
+                                 f"{arch} model")
+        tensors.append((name, t))
+    weights: dict[str, LinearWeight] = {}
+    for name, t in tensors:
+        w = _decode(t, target, fp=bool(_EMBEDDING_OR_NORM.search(name)) or t.data.ndim == 1)
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            heads = num_heads if ".q_proj." in name else num_kv_heads
+            w = _permute_rows(w, _unrope_order(_rows(w), heads))
+        weights[name] = w
+    return weights
+
+
+def _field_str(reader, key: str) -> str:
+    field = reader.fields.get(key)
+    return bytes(field.parts[field.data[0]]).decode() if field else ""
+
+
+def _decode(t, target: str, fp: bool) -> LinearWeight:
+    kind = t.tensor_type.name
+    if kind in FLOAT_TYPES:
+        return _float_tensor(t)
+    if kind in INT4_TYPES and target == "int4" and not fp:
+        return _int4(t)
+    import gguf
+
+    values = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type)))
+    values = values.reshape(t.data.shape[0], -1).float()
+    return values if fp else quantize_int8(values)
+
+
+def _float_tensor(t) -> torch.Tensor:
+    data = np.array(t.data, copy=True)  # out of the read-only memory map
+    if t.tensor_type.name == "BF16":  # stored as raw 16-bit words
+        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16).float()
+    return torch.from_numpy(data).float()
+
+
+def _int4(t) -> Int4Weight:
+    """Decode 4-bit blocks into (values, scale, min) per group of 32: w = q * scale + min."""
+    kind = t.tensor_type.name
+    rows = t.data.shape[0]
+    raw = np.ascontiguousarray(t.data).reshape(rows, -1)
+    if kind == "Q4_K":
+        q, scales, mins = _q4_k(raw)
+    else:
+        header = 2 if kind == "Q4_0" else 4
+        blocks = raw.reshape(-1, header + 16)
+        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+        mins = (blocks[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
+                if kind == "Q4_1" else -8.0 * d)
+        scales = d
+        qs = blocks[:, header:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # elements 0..15, then 16..31
+    q = torch.from_numpy(q.reshape(rows, -1).astype(np.uint8))
+    return Int4Weight(pack_nibbles(q).contiguous(),
+                      torch.from_numpy(np.asarray(scales, np.float32).reshape(rows, -1)),
+                      torch.from_numpy(np.asarray(mins, np.float32).reshape(rows, -1)), 32)
+
+
+def _q4_k(raw: np.ndarray):
+    """Super-blocks of 256: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of values
+    (four 64-element chunks; low nibbles are the chunk's first 32, high nibbles the next)."""
+    import gguf
+
+    blocks = raw.reshape(-1, 144)
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(n, 8 * 32)
+    return q, d * sc.astype(np.float32), -dmin * m.astype(np.float32)
+
+
+def _rows(w: LinearWeight) -> int:
+    return w.shape[0]
+
+
+def _unrope_order(rows: int, heads: int) -> torch.Tensor:
+    """llama.cpp stores q/k rows interleaved for its rotary layout; this is the row order that
+    undoes it (the permutation transformers applies when it reads a GGUF)."""
+    half = rows // heads // 2
+    return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(rows)
+
+
+def _permute_rows(w: LinearWeight, order: torch.Tensor) -> LinearWeight:
+    if isinstance(w, torch.Tensor):
+        return w[order].contiguous()
+    if isinstance(w, Int4Weight):
+        return Int4Weight(w.qweight[order].contiguous(), w.scales[order].contiguous(),
+                          w.mins[order].contiguous(), w.group_size, w.perm)
+    return type(w)(w.qweight[order].contiguous(), w.scales[order].contiguous())

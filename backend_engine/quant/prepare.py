@@ -1,0 +1,45 @@
+"""From a checkpoint's weight to what the model computes with: quantise at load when asked,
+then lay the weight out for its device's kernels. Applied per weight tensor, after q/k/v and
+gate/up fusion and after any tensor-parallel sharding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from backend_engine.quant import cpu
+from backend_engine.quant.formats import Int8Weight, LinearWeight, quantize_int4, quantize_int8
+
+QUANTIZE_AT_LOAD = ("int8", "int4")
+
+
+def quantize(w: LinearWeight, method: str | None, group_size: int, name: str) -> LinearWeight:
+    """int8/int4 turn an fp weight into that format; already quantised weights stay as loaded."""
+    if not isinstance(w, torch.Tensor) or method not in QUANTIZE_AT_LOAD:
+        return w
+    if method == "int8":
+        return quantize_int8(w)
+    return quantize_int4(w, group_size, name)
+
+
+def prepare(w: LinearWeight, device: torch.device | str, dtype: torch.dtype) -> Any:
+    """An fp weight in the compute dtype, or a quantised one in its device kernel's layout."""
+    device = torch.device(device)
+    if isinstance(w, torch.Tensor):
+        return w.to(dtype=dtype, device=device).contiguous()
+    if device.type == "cpu":
+        return cpu.prepare_int8(w) if isinstance(w, Int8Weight) else cpu.prepare_int4(w)
+    from backend_engine.quant import cuda  # triton: only where a GPU runs the model
+
+    return cuda.prepare(w, device)
+
+
+def forms(kind: str) -> dict[str, Callable]:
+    """The matmul forms for a prepared quantised weight's kind; the first is the default."""
+    if kind in cpu.FORMS:
+        return cpu.FORMS[kind]
+    from backend_engine.quant import cuda
+
+    return cuda.FORMS[kind]

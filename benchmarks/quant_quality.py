@@ -1,0 +1,166 @@
+"""Quality of quantised weights against fp32, on the default model (SmolLM2-135M-Instruct).
+
+Per format: perplexity on a fixed public-domain text shipped with the tests (~3,200 tokens,
+tests/backend_engine/quant/data/evaluation_text.txt, full context, chunked prefill), and greedy
+agreement over 32 prompts x 64 new tokens against fp32, two ways:
+- `agreement`: teacher-forced top-1 agreement, i.e. at each of fp32's 64 greedy tokens, does the
+  format's argmax (given fp32's tokens so far) pick the same token; no cascade after a miss;
+- `prefix`: free-running generation, the share of the 64 tokens before the first difference.
+
+Formats: fp32 (the reference: the GGUF's Q4_1 weights dequantised), bf16, int8 and int4
+(quantised at load from those fp32 weights, group 32 (the default) and 64; SmolLM2's 576 input
+features rule out 128), and `gguf-int4`, the GGUF's own 4-bit tensors loaded as stored (by construction the
+reference's values, so its ratio measures only the kernels' bf16 activations and the int8
+lm_head). Ends with one line of JSON with int8/int4 ppl ratios and greedy agreements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
+from backend_engine.llm import LLM
+from backend_engine.model_loader import resolve_model
+from backend_engine.sampling_params import SamplingParams
+
+TEXT = Path(__file__).resolve().parent.parent / "tests/backend_engine/quant/data/evaluation_text.txt"
+CHUNK = 512
+NUM_PROMPTS, PROMPT_TOKENS, NEW_TOKENS = 32, 24, 64
+
+
+def formats() -> dict[str, dict]:
+    fp = str(resolve_model("default").folder)  # the dequantised fp32 checkpoint
+    return {"fp32": dict(model="default"),
+            "bf16": dict(model="default", dtype="bfloat16"),
+            "int8": dict(model=fp, quantization="int8"),
+            "int4": dict(model=fp, quantization="int4", quantization_group_size=32),
+            "int4-g64": dict(model=fp, quantization="int4", quantization_group_size=64),
+            "gguf-int4": dict(model="default", quantization="int4")}
+
+
+def _forward_logprobs(model, ids: list[int], score_from: int = 1) -> torch.Tensor:
+    """Log-probabilities [len(ids), vocab] of each next token, the text fed in chunks of CHUNK
+    tokens over a paged cache (one block per 16 tokens)."""
+    n, block = len(ids), 16
+    shape = (-(-n // block), block, model.num_kv_heads, model.head_dim)
+    dtype = model.embed.dtype
+    caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+              for _ in range(model.num_layers)]
+    out = []
+    for start in range(0, n, CHUNK):
+        end = min(n, start + CHUNK)
+        slots = torch.arange(start, end)
+        meta = AttentionMetadata(slot_mapping=slots, prefills=[
+            PrefillChunk(0, end - start, end, torch.arange(-(-end // block)))])
+        hidden = model.forward(torch.tensor(ids[start:end]), slots, caches, meta)
+        out.append(torch.log_softmax(model.compute_logits(hidden), dim=-1))
+    return torch.cat(out)
+
+
+def perplexity(model, ids: list[int]) -> float:
+    logprobs = _forward_logprobs(model, ids)
+    nll = -logprobs[:-1].gather(1, torch.tensor(ids[1:]).unsqueeze(1)).mean()
+    return math.exp(float(nll))
+
+
+def prompts(ids: list[int]) -> list[list[int]]:
+    """NUM_PROMPTS windows of PROMPT_TOKENS tokens spread over the text."""
+    step = (len(ids) - PROMPT_TOKENS) // NUM_PROMPTS
+    return [ids[i * step: i * step + PROMPT_TOKENS] for i in range(NUM_PROMPTS)]
+
+
+def teacher_forced_agreement(model, prompt_list, reference) -> float:
+    hits = total = 0
+    for prompt, ref in zip(prompt_list, reference):
+        seq = prompt + ref
+        picks = _forward_logprobs(model, seq)[len(prompt) - 1: len(seq) - 1].argmax(-1)
+        hits += int((picks == torch.tensor(ref)).sum())
+        total += len(ref)
+    return hits / total
+
+
+def prefix_agreement(outputs, reference) -> float:
+    shares = []
+    for out, ref in zip(outputs, reference):
+        same = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), len(ref))
+        shares.append(same / len(ref))
+    return sum(shares) / len(shares)
+
+
+def evaluate(name: str, spec: dict, ids: list[int], prompt_list, reference) -> dict:
+    start = time.perf_counter()
+    llm = LLM(num_kv_blocks=512, **spec)
+    model = llm.engine.runner.model
+    with torch.inference_mode():
+        ppl = perplexity(model, ids)
+        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        outputs = [o.outputs[0].token_ids for o in llm.generate(prompt_list, params)]
+        row = {"format": name, "ppl": ppl}
+        if reference is not None:
+            row["agreement"] = teacher_forced_agreement(model, prompt_list, reference)
+            row["prefix"] = prefix_agreement(outputs, reference)
+    row["weight_mb"] = weight_bytes(model) / 1e6
+    row["seconds"] = time.perf_counter() - start
+    del llm, model
+    gc.collect()
+    return row, outputs
+
+
+def weight_bytes(model) -> int:
+    """Bytes of every weight the model holds (embeddings, norms, linear layers, lm_head)."""
+    seen: dict[int, int] = {}
+
+    def add(w) -> None:
+        if w is not None:
+            seen[id(w)] = w.nbytes if hasattr(w, "nbytes") else w.numel() * w.element_size()
+
+    add(model.embed), add(model.norm), add(model.lm_head)
+    for layer in model.layers:
+        for name in ("qkv_weight", "qkv_bias", "o_weight", "gate_up_weight", "down_weight",
+                     "input_norm", "post_attn_norm"):
+            add(getattr(layer, name))
+    return sum(seen.values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default=",".join(formats()),
+                    help="comma-separated subset (fp32 is always run first)")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    specs = formats()
+    wanted = ["fp32"] + [f for f in args.formats.split(",") if f and f != "fp32"]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("default").folder)
+    ids = tokenizer.encode(TEXT.read_text())
+    prompt_list = prompts(ids)
+    rows, reference = [], None
+    for name in wanted:
+        row, outputs = evaluate(name, specs[name], ids, prompt_list, reference)
+        if reference is None:
+            reference, base = outputs, row["ppl"]
+        row["ppl_ratio"] = row["ppl"] / base
+        rows.append(row)
+        print(f"{name:10s} ppl {row['ppl']:.3f} (x{row['ppl_ratio']:.4f})  "
+              f"agreement {row.get('agreement', 1.0):.3f}  prefix {row.get('prefix', 1.0):.3f}  "
+              f"weights {row['weight_mb']:.0f} MB  ({row['seconds']:.0f} s)", flush=True)
+    by = {r["format"]: r for r in rows}
+    summary = {"tokens": len(ids), "rows": rows}
+    for fmt in ("int8", "int4"):
+        if fmt in by:
+            summary[f"{fmt}_ppl_ratio"] = round(by[fmt]["ppl_ratio"], 4)
+            summary[f"{fmt}_greedy_agreement"] = round(by[fmt]["agreement"], 4)
+            summary[f"{fmt}_greedy_prefix"] = round(by[fmt]["prefix"], 4)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

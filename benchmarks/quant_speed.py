@@ -1,0 +1,156 @@
+"""Speed of quantised weights: kvgate fp32 / bf16 / int8 / int4 against llama.cpp's llama-server
+on the same GGUF (SmolLM2-135M-Instruct Q4_1), one run, the same threads for every server.
+
+Each server runs alone (one kvgate replica through `kvgate up --gateways 0`, or llama-server with
+16 parallel slots) and is measured with the same streaming /v1/completions client:
+- decode tok/s at c=1: requests one after another, (output tokens - 1) / (end - first token);
+- aggregate tok/s at c=16: 16 concurrent requests, all output tokens / wall time;
+- prefill tok/s: one ~1,000-token prompt at a time, max_tokens=1, prompt tokens / time;
+- weight MB: what the replica's model holds (the GGUF's size for llama.cpp).
+Prompts are distinct ~110-token windows of the evaluation text (no prefix-cache hits), outputs
+128 tokens (ignore_eos). kvgate's quantised rows run with --dtype bfloat16 (the CPU kernels'
+activation dtype). Ends with one line of JSON with int4_c1_vs_llamacpp and int4_c16_vs_llamacpp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import time
+
+import httpx
+
+from benchmarks.quant_quality import TEXT, weight_bytes
+
+FORMATS = {"fp32": dict(dtype="float32"), "bf16": dict(dtype="bfloat16"),
+           "int8": dict(dtype="bfloat16", quantization="int8"),
+           "int4": dict(dtype="bfloat16", quantization="int4")}
+PROMPT_TOKENS, LONG_PROMPT_TOKENS = 110, 1000
+
+
+def prompt_texts(count: int, tokens: int, offset: int = 0) -> list[str]:
+    from transformers import AutoTokenizer
+
+    from backend_engine.model_loader import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("default").folder)
+    ids = tok.encode(TEXT.read_text())
+    step = max(1, (len(ids) - tokens) // max(count, 1))
+    return [f"[{offset + i}] " + tok.decode(ids[i * step: i * step + tokens]) for i in range(count)]
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str,
+               max_tokens: int) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first = None
+    chunks = 0
+    usage = None
+    async with client.stream("POST", url + "/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if data.get("usage"):
+                usage = data["usage"]
+            if data.get("choices") and data["choices"][0].get("text"):
+                chunks += 1
+                first = first or time.perf_counter()
+    end = time.perf_counter()
+    tokens = (usage or {}).get("completion_tokens") or chunks
+    prompt_tokens = (usage or {}).get("prompt_tokens")
+    return {"start": start, "first": first or end, "end": end, "tokens": tokens,
+            "prompt_tokens": prompt_tokens}
+
+
+async def measure(url: str, args) -> dict:
+    async with httpx.AsyncClient(timeout=1800) as client:
+        model = (await client.get(url + "/models")).json()["data"][0]["id"]
+        await _one(client, url, model, "Hello", 4)  # warm up
+        c1 = [await _one(client, url, model, p, args.max_tokens)
+              for p in prompt_texts(args.c1_requests, PROMPT_TOKENS, offset=100)]
+        prompts = prompt_texts(args.concurrency, PROMPT_TOKENS, offset=200)
+        start = time.perf_counter()
+        wave = await asyncio.gather(*[_one(client, url, model, p, args.max_tokens)
+                                      for p in prompts])
+        wall = time.perf_counter() - start
+        long = [await _one(client, url, model, p, 1)
+                for p in prompt_texts(args.prefill_requests, LONG_PROMPT_TOKENS, offset=300)]
+    decode = [(r["tokens"] - 1) / (r["end"] - r["first"]) for r in c1 if r["tokens"] > 1]
+    prefill_tokens = sum(r["prompt_tokens"] or LONG_PROMPT_TOKENS for r in long)
+    return {"c1_tok_s": sum(decode) / len(decode),
+            "c16_tok_s": sum(r["tokens"] for r in wave) / wall,
+            "prefill_tok_s": prefill_tokens / sum(r["end"] - r["start"] for r in long)}
+
+
+def kvgate_row(name: str, flags: dict, args, say) -> dict:
+    from backend_engine.llm import LLM
+    from benchmarks.serve_bench_cluster import Cluster
+    from kvgate.launcher.config import UpConfig
+
+    llm = LLM("default", num_kv_blocks=16, **flags)  # in-process, only to count weight bytes
+    mb = weight_bytes(llm.engine.runner.model) / 1e6
+    del llm
+    gc.collect()
+    # no admission bound: a shared, loaded machine must slow the run down, not refuse it
+    engine = {"dtype": flags["dtype"], "max_num_seqs": 32, "num_kv_blocks": 2048,
+              "max_queue_delay_s": 3600}
+    config = UpConfig(model="default", replicas=1, gateways=0, num_threads=args.threads,
+                      quantization=flags.get("quantization"), engine=engine,
+                      log_level="warning", health_timeout_s=900.0)
+    with Cluster(config, say=say) as cluster:
+        row = asyncio.run(measure(cluster.replica_urls[0] + "/v1", args))
+    return {"server": f"kvgate {name}", "weight_mb": mb, **row}
+
+
+def llamacpp_row(args, say) -> dict | None:
+    from benchmarks.llamacpp_server import LlamaServer, LlamaServerUnavailable
+
+    server = LlamaServer(parallel=args.concurrency, threads=args.threads, say=say)
+    try:
+        with server as url:
+            row = asyncio.run(measure(url, args))
+    except LlamaServerUnavailable as exc:
+        say(f"llama.cpp skipped: {exc}")
+        return None
+    return {"server": "llama.cpp Q4_1", "weight_mb": server.gguf.stat().st_size / 1e6, **row}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--c1-requests", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--prefill-requests", type=int, default=3)
+    ap.add_argument("--no-llamacpp", action="store_true")
+    args = ap.parse_args()
+
+    def say(message: str) -> None:
+        print(message, flush=True)
+
+    rows = []
+    ll = None if args.no_llamacpp else llamacpp_row(args, say)
+    if ll:
+        rows.append(ll)
+        say(json.dumps(ll))
+    for name in args.formats.split(","):
+        row = kvgate_row(name, FORMATS[name], args, say)
+        rows.append(row)
+        say(json.dumps(row))
+    by = {r["server"]: r for r in rows}
+    int4 = by.get("kvgate int4")
+    summary = {"threads": args.threads, "rows": rows}
+    if int4 and ll:
+        summary["int4_c1_vs_llamacpp"] = round(int4["c1_tok_s"] / ll["c1_tok_s"], 3)
+        summary["int4_c16_vs_llamacpp"] = round(int4["c16_tok_s"] / ll["c16_tok_s"], 3)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
