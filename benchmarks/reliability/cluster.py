@@ -59,8 +59,10 @@ class LocalCluster:
         config = UpConfig(
             model=MODEL, replicas=spec.replicas, gateways=spec.gateways, redis=spec.redis,
             port=_free_base_port(spec.replicas + spec.gateways), device="cpu", num_threads=1,
+            # float32: scenarios compare greedy answers across batch compositions, which bf16
+            # rounding (`--dtype auto` on AVX512-BF16 CPUs) may change
             engine={"num_kv_blocks": spec.num_kv_blocks, "max_num_seqs": spec.max_num_seqs,
-                    "drain_grace": 2.0, "max_body_bytes": MAX_BODY_BYTES, **spec.engine},
+                    "dtype": "float32", "drain_grace": 2.0, "max_body_bytes": MAX_BODY_BYTES, **spec.engine},
             gateway={"config": str(gateway_config)}, admin_key=self.admin_key,
             log_dir=str(self.log_dir), log_level="info")
         config.validate()

@@ -86,10 +86,17 @@ def test_the_http_edge_answers_503_with_retry_after_and_serves_again_after():
                     "messages": [{"role": "user", "content": "keep busy"}]}
             with http.stream("POST", chat, json=body) as busy:
                 assert busy.status_code == 200
-                next(busy.iter_lines())
+                lines = busy.iter_lines()
+                for _ in range(50):  # read on until the engine's load shows the busy request
+                    next(lines)
+                    if http.get(server.base_url + "/kv/snapshot").json()["load"]["running"] == 1:
+                        break
+                else:
+                    pytest.fail("the busy request never showed in the engine's load")
                 r = http.post(chat, json={"model": "tiny-random", "max_tokens": 2,
                                           "messages": [{"role": "user", "content": "hi"}]})
-                assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+                load = http.get(server.base_url + "/kv/snapshot").json()["load"]
+                assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, (r.text, load)
                 assert r.json()["error"]["code"] == "engine_overloaded"
             metrics = http.get(server.base_url + "/metrics").text
             assert "kvgate_admission_refused_total 1.0" in metrics

@@ -72,8 +72,10 @@ async def test_lease_is_renewed_while_the_request_runs_and_not_after():
     async def finish(request_id: str) -> None:
         finished.append(request_id)
 
+    freed: list[bool] = []
     state = SimpleNamespace(store=SimpleNamespace(lease_ms=60, renew=renew),
-                            shared=SimpleNamespace(finish=finish))
+                            shared=SimpleNamespace(finish=finish),
+                            overload=SimpleNamespace(notify_freed=lambda: freed.append(True)))
     decision = SimpleNamespace(replica="r1", request_id="q1")
     lease = _keep_lease(state, decision)
     await asyncio.sleep(0.15)
@@ -82,6 +84,7 @@ async def test_lease_is_renewed_while_the_request_runs_and_not_after():
     count = len(renewed)
     await asyncio.sleep(0.1)
     assert len(renewed) == count and finished == ["q1"] and lease.cancelled()
+    assert freed == [True]  # a request queued at the gateway may take the freed place
 
 
 def test_no_lease_to_keep_without_redis():
