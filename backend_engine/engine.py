@@ -27,6 +27,7 @@ from backend_engine.scheduler import Scheduler
 from backend_engine.sequence import Sequence
 from backend_engine.spec_decode.controller import SpecController
 from backend_engine.spec_decode.proposers import build_proposer
+from backend_engine.structured.manager import StructuredOutputManager
 from routing.hashing import NAMESPACE_RULE, namespace_for
 
 
@@ -54,6 +55,8 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.proposer = build_proposer(config, self.hf_config.vocab_size, self.max_model_len)
         self.spec = SpecController(config.speculative_max_batch) if self.proposer else None
+        self.structured = StructuredOutputManager(self.tokenizer, self.hf_config.vocab_size,
+                                                  self.eos_token_ids, self.stats)
 
     def _max_model_len(self, config: EngineConfig) -> int:
         limit = self.hf_config.max_position_embeddings
@@ -111,6 +114,8 @@ class LLMEngine:
         if bad_bias:
             raise InvalidRequestError(f"logit_bias has token ids outside [0, {vocab}): "
                                       f"{bad_bias[:5]}", param="logit_bias", code="invalid_value")
+        if params.structured_outputs is not None:
+            self.structured.validate(params.structured_outputs)
         room = self.max_model_len - n
         if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
             asked = n + (params.max_tokens or 1)
@@ -148,8 +153,11 @@ class LLMEngine:
             seqs.append(seq)
         self.requests[request_id] = self.outputs.new_state(request_id, prompt_token_ids, params,
                                                            seqs, arrival, prompt)
-        for seq in seqs:
-            self.scheduler.add(seq)
+        if params.structured_outputs is not None:  # scheduled once its grammar is compiled
+            self.structured.add_request(request_id, params.structured_outputs, seqs)
+        else:
+            for seq in seqs:
+                self.scheduler.add(seq)
         if pin is not None:
             self.pins.begin(request_id, pin)
         self.stats.prompt_tokens += len(prompt_token_ids)
@@ -159,6 +167,7 @@ class LLMEngine:
         if state is None:
             return None
         self.pins.abort(request_id)
+        self.structured.forget(request_id)
         for seq, out in zip(state.seqs, state.outputs):
             if not seq.is_finished:
                 self._finish(seq, ("abort", None), time.monotonic())
@@ -172,14 +181,20 @@ class LLMEngine:
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        failed = self._admit_compiled()
         self._propose_drafts()
         sched = self.scheduler.schedule()
         self.stats.preemptions = self.scheduler.num_preemptions
         if not sched:
             self.pool.flush_events()
-            return []
+            self.structured.wait_for_pending(0.01)  # nothing to run until a grammar is ready
+            return failed
         rows = {seq: self._sampling_rows(seq) for seq, _ in sched.scheduled}
-        results = self.runner.execute(sched.scheduled, rows)
+        self.structured.start_step(sched.scheduled, rows)
+        try:
+            results = self.runner.execute(sched.scheduled, rows)
+        finally:
+            self.structured.finish_step()
         now = time.monotonic()
         touched: dict[str, RequestState] = {}
         for seq, n in sched.scheduled:
@@ -210,7 +225,7 @@ class LLMEngine:
         self.pool.flush_events()
         self.stats.prefix_cache_queries = self.kv.prefix_cache_queries
         self.stats.prefix_cache_hits = self.kv.prefix_cache_hits
-        outputs = []
+        outputs = failed
         for state in touched.values():
             finished = state.finished
             outputs.append(self.outputs.make_output(state, finished))
@@ -225,6 +240,14 @@ class LLMEngine:
                 if s is not finishing and not s.is_finished]
         return max((-(-(s.num_prompt_tokens + s.max_tokens) // self.block_size) for s in seqs),
                    default=0)
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Schedule the requests whose grammar is now compiled; end those whose failed."""
+        ready, failed = self.structured.take_ready()
+        for seq in ready:
+            if not seq.is_finished:
+                self.scheduler.add(seq)
+        return [out for out in map(self.abort_request, failed) if out is not None]
 
     def _propose_drafts(self) -> None:
         if self.proposer is None or not self.scheduler.running:
@@ -242,6 +265,7 @@ class LLMEngine:
                 work.append((seq, min(room, budget)))
         if work:
             self.proposer.propose_batch(work, self._draft_row)
+            self.structured.trim_drafts([seq for seq, _ in work])
 
     def _draft_row(self, seq: Sequence, drafted: list[int]) -> SamplingRow:
         """How a proposer samples the next draft, given the drafts it made so far."""
@@ -273,6 +297,8 @@ class LLMEngine:
                            result.top_logprobs[j] if result.top_logprobs is not None else [])
             self.stats.generation_tokens += 1
             reason = self.outputs.append_token(state, seq, token, logprob)
+            if reason is None and self.structured.accept(seq, token):
+                reason = ("stop", None)  # the grammar is complete: nothing may follow
             if reason is not None:
                 return reason
         return None
@@ -289,7 +315,8 @@ class LLMEngine:
 
     # -- cache state for the replica server ------------------------------------------------
     def load(self) -> dict:
-        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+        return {"running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting) + self.structured.num_pending_seqs,
                 "kv_usage": round(self.pool.usage(), 4),
                 "pending_prefill_tokens": self.scheduler.pending_prefill_tokens(),
                 "num_free_blocks": self.pool.num_free_blocks,

@@ -16,7 +16,8 @@ class EngineStats:
     generation_tokens: int = 0
     finished_by_reason: Counter = field(default_factory=Counter)
     _observations: dict[str, list[float]] = field(
-        default_factory=lambda: {"ttft": [], "tpot": [], "e2e": [], "queue": []})
+        default_factory=lambda: {"ttft": [], "tpot": [], "e2e": [], "queue": [],
+                                 "grammar_compile": [], "grammar_mask": []})
     _ttft_by_priority: list[tuple[int, float]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

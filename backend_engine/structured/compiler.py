@@ -1,0 +1,126 @@
+"""Grammars from constraints, and their compilation against the tokenizer: off the step loop
+(a worker pool), cached by constraint (bounded, least recently used first out).
+
+Building the grammar (`grammar_of`) is fast and is how a request is validated at the edge;
+compiling it (the per-token tables, the slow part) runs on a worker thread — xgrammar releases
+the GIL there — so the step loop keeps running while a request waits for its grammar."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import xgrammar as xgr
+
+from backend_engine.errors import InvalidRequestError
+from backend_engine.structured.params import StructuredOutputsParams
+
+# Runs of whitespace the JSON grammars allow between tokens: enough for pretty-printed output,
+# bounded so that a model cannot loop on blank lines forever.
+MAX_JSON_WHITESPACE = 16
+_CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")
+
+
+def clean_error(exc: Exception) -> str:
+    """xgrammar's message without its C++ source location."""
+    return _CPP_PREFIX.sub("", str(exc).strip()).strip()
+
+
+_NOT_SCHEMAS = ("enum", "const", "default", "examples")
+
+
+def _bounded_strings_as_patterns(node):
+    """xgrammar (0.2.x) lets length-bounded strings hold raw control characters, which JSON
+    forbids; the same bounds as a pattern (`^.{m,n}$`) exclude them. Returns a rewritten copy."""
+    if isinstance(node, list):
+        return [_bounded_strings_as_patterns(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: v if k in _NOT_SCHEMAS else _bounded_strings_as_patterns(v)
+           for k, v in node.items()}
+    lengths = [k for k in ("minLength", "maxLength") if isinstance(out.get(k), int)]
+    if out.get("type") == "string" and lengths and not {"pattern", "format", "enum",
+                                                          "const"} & out.keys():
+        low, high = out.pop("minLength", 0), out.pop("maxLength", "")
+        out["pattern"] = f"^.{{{low},{high}}}$"
+    return out
+
+
+def _schema_text(params: StructuredOutputsParams) -> str:
+    try:
+        schema = json.loads(params.spec_text)
+    except ValueError as exc:
+        raise InvalidRequestError(f"Invalid JSON schema: not JSON ({exc})", param=params.param,
+                                  code="invalid_value") from None
+    return json.dumps(_bounded_strings_as_patterns(schema))
+
+
+def grammar_of(params: StructuredOutputsParams) -> xgr.Grammar:
+    """The grammar of a constraint; InvalidRequestError (naming the field) if it has none."""
+    kind = params.kind
+    try:
+        if kind == "json":
+            return xgr.Grammar.from_json_schema(_schema_text(params), any_whitespace=True,
+                                                max_whitespace_cnt=MAX_JSON_WHITESPACE,
+                                                strict_mode=True)
+        if kind == "json_object":
+            return xgr.Grammar.from_json_schema(json.dumps({"type": "object"}),
+                                                any_whitespace=True,
+                                                max_whitespace_cnt=MAX_JSON_WHITESPACE)
+        if kind == "regex":
+            return xgr.Grammar.from_regex(params.regex)
+        if kind == "choice":
+            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in params.choice)
+            return xgr.Grammar.from_ebnf(f"root ::= {alternatives}")
+        return xgr.Grammar.from_ebnf(params.grammar)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar",
+                "choice": "choice list", "json_object": "JSON grammar"}[kind]
+        raise InvalidRequestError(f"Invalid {what}: {clean_error(exc)}", param=params.param,
+                                  code="invalid_value") from None
+    except RecursionError:
+        raise InvalidRequestError(f"The {kind} is nested too deeply", param=params.param,
+                                  code="invalid_value") from None
+
+
+class GrammarCompilerPool:
+    def __init__(self, tokenizer_info: Callable[[], xgr.TokenizerInfo], max_cached: int = 256,
+                 num_threads: int = 1, on_compiled: Callable[[float], None] | None = None):
+        self._tokenizer_info = tokenizer_info  # built lazily, on the worker (it takes ~0.5 s)
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="kvgate-grammar")
+        self._futures: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_cached = max_cached
+        self.on_compiled = on_compiled
+
+    def submit(self, params: StructuredOutputsParams) -> Future:
+        """The compiled grammar (a future), from the cache or from a new compilation."""
+        with self._lock:
+            future = self._futures.get(params.key)
+            if future is not None and not (future.done() and future.exception() is not None):
+                self._futures.move_to_end(params.key)
+                return future
+            future = self._executor.submit(self._compile, params)
+            self._futures[params.key] = future
+            while len(self._futures) > self.max_cached:
+                self._futures.popitem(last=False)  # in-flight ones stay referenced by requests
+            return future
+
+    def _compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        if self._compiler is None:
+            self._compiler = xgr.GrammarCompiler(self._tokenizer_info(), max_threads=1,
+                                                 cache_enabled=False)
+        start = time.perf_counter()
+        compiled = self._compiler.compile_grammar(grammar_of(params))
+        if self.on_compiled is not None:
+            self.on_compiled(time.perf_counter() - start)
+        return compiled
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
