@@ -51,6 +51,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--draft-model", default=None, help="for --speculative-method draft: a model sharing the tokenizer")
     spec.add_argument("--speculative-max-batch", type=int, default=4,
                       help="speculate only while at most this many sequences run")
+    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "hermes", "llama3_json", "mistral"],
+                   help="how tool calls are read from (and forced into) the model's output; auto: by its tokenizer")
     p.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
     p.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (413 beyond)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -96,6 +98,7 @@ def server_settings_from_args(args: argparse.Namespace):  # -> ServerSettings
     settings = ServerSettings(
         host=args.host, port=args.port, served_model_names=list(args.served_model_name or []),
         api_key=args.api_key, drain_grace_s=args.drain_grace, log_level=args.log_level,
+        tool_call_parser=args.tool_call_parser,
     )
     if args.max_body_bytes is not None:
         settings.max_body_bytes = args.max_body_bytes

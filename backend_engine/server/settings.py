@@ -18,3 +18,4 @@ class ServerSettings:
     kv_heartbeat_s: float = 1.0  # /kv/events: heartbeat (with load) after this much quiet
     retry_after_s: int = 1  # Retry-After on 503 (loading, draining, queue full)
     log_level: str = "info"
+    tool_call_parser: str = "auto"  # "auto" (by the model's tokenizer) | "hermes" | "llama3_json" | "mistral"

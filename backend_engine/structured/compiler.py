@@ -13,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import xgrammar as xgr
@@ -34,14 +35,14 @@ def clean_error(exc: Exception) -> str:
 _NOT_SCHEMAS = ("enum", "const", "default", "examples")
 
 
-def _bounded_strings_as_patterns(node):
+def json_safe_schema(node: Any) -> Any:
     """xgrammar (0.2.x) lets length-bounded strings hold raw control characters, which JSON
     forbids; the same bounds as a pattern (`^.{m,n}$`) exclude them. Returns a rewritten copy."""
     if isinstance(node, list):
-        return [_bounded_strings_as_patterns(v) for v in node]
+        return [json_safe_schema(v) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {k: v if k in _NOT_SCHEMAS else _bounded_strings_as_patterns(v)
+    out = {k: v if k in _NOT_SCHEMAS else json_safe_schema(v)
            for k, v in node.items()}
     lengths = [k for k in ("minLength", "maxLength") if isinstance(out.get(k), int)]
     if out.get("type") == "string" and lengths and not {"pattern", "format", "enum",
@@ -57,7 +58,7 @@ def _schema_text(params: StructuredOutputsParams) -> str:
     except ValueError as exc:
         raise InvalidRequestError(f"Invalid JSON schema: not JSON ({exc})", param=params.param,
                                   code="invalid_value") from None
-    return json.dumps(_bounded_strings_as_patterns(schema))
+    return json.dumps(json_safe_schema(schema))
 
 
 def grammar_of(params: StructuredOutputsParams) -> xgr.Grammar:
@@ -74,13 +75,16 @@ def grammar_of(params: StructuredOutputsParams) -> xgr.Grammar:
                                                 max_whitespace_cnt=MAX_JSON_WHITESPACE)
         if kind == "regex":
             return xgr.Grammar.from_regex(params.regex)
+        if kind == "structural_tag":
+            return xgr.Grammar.from_structural_tag(params.spec_text)
         if kind == "choice":
             alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in params.choice)
             return xgr.Grammar.from_ebnf(f"root ::= {alternatives}")
         return xgr.Grammar.from_ebnf(params.grammar)
     except (RuntimeError, ValueError, TypeError) as exc:
         what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar",
-                "choice": "choice list", "json_object": "JSON grammar"}[kind]
+                "choice": "choice list", "json_object": "JSON grammar",
+                "structural_tag": "tool-call format (a function's parameters)"}[kind]
         raise InvalidRequestError(f"Invalid {what}: {clean_error(exc)}", param=params.param,
                                   code="invalid_value") from None
     except RecursionError:

@@ -1,5 +1,6 @@
 """What a request constrains its output to (vLLM's StructuredOutputsParams): exactly one of a
-JSON Schema, any JSON object, a regex, a list of choices, or an EBNF grammar."""
+JSON Schema, any JSON object, a regex, a list of choices, an EBNF grammar, or an xgrammar
+structural tag (how forced tool calls are written)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from backend_engine.errors import InvalidRequestError
 
-KINDS = ("json", "json_object", "regex", "choice", "grammar")
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 256 * 1024  # a larger schema or grammar is refused, not compiled
 
 
@@ -20,6 +21,7 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # EBNF, as xgrammar (and llama.cpp's GBNF) read it
+    structural_tag: str | dict | None = None  # {"type": "structural_tag", "format": {...}}
     # the request field errors should name (e.g. "response_format.json_schema.schema")
     param: str = field(default="structured_outputs", compare=False)
 
@@ -47,8 +49,8 @@ class StructuredOutputsParams:
     def spec_text(self) -> str:
         """The constraint as text: what is compiled, and (with the kind) the cache key."""
         kind = self.kind
-        if kind == "json":
-            value: Any = self.json
+        if kind in ("json", "structural_tag"):
+            value: Any = getattr(self, kind)
             return value if isinstance(value, str) else json.dumps(value)
         if kind == "json_object":
             return ""
