@@ -44,13 +44,8 @@ def with_plan(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
     return dataclasses.replace(params, **changes)
 
 
-@router.post("/v1/chat/completions")
-async def create_chat_completion(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    req = parse_request(ChatCompletionRequest, await request.body())
-    engine = state.ready_engine()
-    model = state.check_model(req.model)
-    plan = plan_tools(state, req)
+def render_prompt(engine, req: ChatCompletionRequest, param: str = "messages") -> list[int]:  # noqa: ANN001
+    """The conversation (tools included) through the model's chat template, as token ids."""
     try:
         prompt = engine.render_chat(
             req.template_messages(),
@@ -61,7 +56,18 @@ async def create_chat_completion(request: Request) -> Response:
         )
     except InvalidRequestError as exc:
         raise engine_error_to_api(exc) from None
-    check_context_length(len(prompt), req.max_output_tokens, engine.max_model_len, "messages")
+    check_context_length(len(prompt), req.max_output_tokens, engine.max_model_len, param)
+    return prompt
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    req = parse_request(ChatCompletionRequest, await request.body())
+    engine = state.ready_engine()
+    model = state.check_model(req.model)
+    plan = plan_tools(state, req)
+    prompt = render_prompt(engine, req)
     params = with_plan(chat_sampling_params(req), plan)
     meta = ResponseMeta.new("chatcmpl", model, req.request_id or request.headers.get("x-request-id"))
     continuous = bool(req.include_usage and req.stream_options and req.stream_options.continuous_usage_stats)

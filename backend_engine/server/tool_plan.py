@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ class ToolPlan:
     choice: str  # "none" | "auto" | "required" | a function name
     parallel: bool
     structured: StructuredOutputsParams | None  # the grammar forcing calls, if any
+    max_calls: int | None = None  # calls returned at most (None: all)
 
     @classmethod
     def build(cls, functions: list[FunctionDefinition], choice: str, parallel: bool | None,
@@ -27,6 +29,13 @@ class ToolPlan:
               constraint: StructuredOutputsParams | None) -> "ToolPlan":
         """`content_schema`: a JSON response format; `constraint`: the request's own one."""
         parallel = parallel is not False
+        plan = cls._build(functions, choice, parallel, parser, content_schema, constraint)
+        return plan if parallel else dataclasses.replace(plan, max_calls=1)
+
+    @classmethod
+    def _build(cls, functions: list[FunctionDefinition], choice: str, parallel: bool,
+               parser: ToolParser, content_schema: dict | None,
+               constraint: StructuredOutputsParams | None) -> "ToolPlan":
         if not functions or choice == "none":
             return cls(None, "none", parallel, constraint)
         if constraint is not None and content_schema is None:
@@ -52,8 +61,8 @@ class ToolPlan:
         return ToolCallStream(self.parser) if self.parser is not None else None
 
     def keep(self, calls: list[ParsedToolCall], already: int = 0) -> list[ParsedToolCall]:
-        """Calls to return, given `already` returned: one in all when parallel calls are off."""
-        return calls if self.parallel else calls[:max(0, 1 - already)]
+        """Calls to return, given `already` returned (at most max_calls in all)."""
+        return calls if self.max_calls is None else calls[:max(0, self.max_calls - already)]
 
     def answer(self, text: str, finish_reason: str | None
                ) -> tuple[str | None, list[ToolCall], str | None]:

@@ -40,10 +40,11 @@ class NamedToolChoice(StrictModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-def check_tools(tools: list[FunctionDefinition], choice: str | None, param: str = "tools",
-                choice_param: str = "tool_choice") -> None:
+def check_tools(tools: list, choice: str | None, nested: bool = True) -> None:
     """Bad tool definitions and a tool_choice that names no tool: 400 naming the field.
-    `choice` is "none" | "auto" | "required" | a function name."""
+    `choice` is "none" | "auto" | "required" | a function name; `nested`: chat's shape
+    (`tools[i].function.parameters`), else the Responses API's flat one."""
+    param, choice_param = "tools", "tool_choice"
     if len(tools) > MAX_TOOLS:
         raise bad_request(f"'{param}' holds at most {MAX_TOOLS} tools.", param, "invalid_value")
     seen: set[str] = set()
@@ -53,8 +54,7 @@ def check_tools(tools: list[FunctionDefinition], choice: str | None, param: str 
                               f"{param}[{i}]", "invalid_value")
         seen.add(function.name)
         if function.parameters is not None:
-            where = f"{param}[{i}].function.parameters" if param == "tools" \
-                else f"{param}[{i}].parameters"
+            where = f"{param}[{i}].function.parameters" if nested else f"{param}[{i}].parameters"
             check_json_schema(function.parameters, where)
             kind = function.parameters.get("type", "object")
             if kind != "object":
