@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from kvgate.protocol.common import MAX_PRIORITY, MIN_PRIORITY
+from kvgate.protocol.features import ENGINE_FEATURES
 
 
 class ConfigError(ValueError):
@@ -39,6 +40,9 @@ class GatewayConfig:
     isolate_cache_by_key: bool = False  # default for keys that do not say
     redis_keys: bool = False  # also accept keys stored in Redis (hash kvgate:keys)
     tokenizers: dict[str, str] = field(default_factory=dict)  # model -> folder with tokenizer.json
+    # replica URL -> its engine ("kvgate", "vllm", "sglang", "other"): what a foreign replica
+    # serves (structured outputs, tools, /v1/responses); unlisted replicas are asked (model cards)
+    replica_engines: dict[str, str] = field(default_factory=dict)
     block_size: int = 16
     max_attempts: int = 3  # replicas tried per request before the first byte
     retry_backoff_s: float = 0.02  # base of the jittered backoff between attempts
@@ -60,7 +64,7 @@ class GatewayConfig:
 
 
 _SCALARS = {name for name in GatewayConfig.__dataclass_fields__
-            if name not in ("replicas", "api_keys", "tokenizers")}
+            if name not in ("replicas", "api_keys", "tokenizers", "replica_engines")}
 
 
 def _api_key(raw: dict | str, i: int, isolate_default: bool) -> ApiKey:
@@ -101,13 +105,15 @@ def load_file(path: str | Path, config: GatewayConfig) -> GatewayConfig:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping")
-    unknown = set(data) - _SCALARS - {"replicas", "api_keys", "tokenizers"}
+    unknown = set(data) - _SCALARS - {"replicas", "api_keys", "tokenizers", "replica_engines"}
     if unknown:
         raise ConfigError(f"config file {path}: unknown fields {sorted(unknown)}")
     for name in _SCALARS & set(data):
         setattr(config, name, data[name])
     config.replicas += list(data.get("replicas") or [])
     config.tokenizers.update(data.get("tokenizers") or {})
+    config.replica_engines.update({url.rstrip("/"): engine for url, engine
+                                   in (data.get("replica_engines") or {}).items()})
     config.api_keys += [_api_key(k, i, config.isolate_cache_by_key)
                         for i, k in enumerate(data.get("api_keys") or [])]
     return config
@@ -132,6 +138,10 @@ def validate(config: GatewayConfig) -> GatewayConfig:
         raise ConfigError("lease_s must be positive")
     if config.failure_threshold < 1:
         raise ConfigError("failure_threshold must be at least 1")
+    bad = {u: e for u, e in config.replica_engines.items() if e not in ENGINE_FEATURES}
+    if bad:
+        raise ConfigError(f"replica_engines: unknown engines {bad}; choose from "
+                          f"{sorted(ENGINE_FEATURES)}")
     names = [k.name for k in config.api_keys]
     if any("|" in name for name in names):
         raise ConfigError("api key names may not contain '|' (it separates tenant and salt)")

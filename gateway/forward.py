@@ -28,7 +28,7 @@ REPLICA_HEADER = "x-kvgate-replica"
 @dataclass(slots=True)
 class RoutedRequest:
     request_id: str
-    endpoint: str  # "chat" | "completions"
+    endpoint: str  # "chat" | "completions" | "responses"
     path: str
     body: bytes
     headers: dict[str, str]
@@ -38,11 +38,14 @@ class RoutedRequest:
     prompt_tokens: int
     started: float  # perf_counter at arrival
     priority: int = 0  # effective: the request's, else its key's default
+    features: frozenset[str] = frozenset()  # what a replica must serve (kvgate/protocol/features.py)
 
 
-def _exclusions(state: GatewayState, model: str, tried: set[str]) -> set[str]:
+def _exclusions(state: GatewayState, model: str, tried: set[str],
+                features: frozenset[str] = frozenset()) -> set[str]:
     return {name for name, r in state.replicas.items()
-            if name in tried or model not in r.models or not r.routable()}
+            if name in tried or model not in r.models or not r.routable()
+            or not r.supports(features)}
 
 
 async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
@@ -54,7 +57,8 @@ async def forward(state: GatewayState, routed: RoutedRequest) -> Response:
         try:
             decision = await state.shared.route_hashes(
                 routed.hashes, routed.prompt_tokens, f"{routed.request_id}-{attempt}",
-                exclude=_exclusions(state, routed.model, tried), priority=routed.priority)
+                exclude=_exclusions(state, routed.model, tried, routed.features),
+                priority=routed.priority)
         except NoReplicaAvailable as exc:
             if last is not None:
                 break

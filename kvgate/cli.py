@@ -146,6 +146,9 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=FOLDER",
                    help="the folder with the model's tokenizer.json (MODEL may be *)")
     p.add_argument("--max-in-flight", type=int, default=None, help="per-replica request cap (0: none)")
+    p.add_argument("--replica-engine", action="append", default=[], metavar="URL=ENGINE",
+                   help="a foreign replica's engine (vllm, sglang, other): what it serves beyond plain "
+                        "generation (structured outputs, tools, /v1/responses); kvgate replicas say it themselves")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
