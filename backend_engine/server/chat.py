@@ -31,7 +31,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 def plan_tools(state: ServerState, req: ChatCompletionRequest) -> ToolPlan:
     schema, _ = response_schema(req.response_format)
-    return ToolPlan.build([t.function for t in req.tools or []], req.tool_choice_name,
+    return ToolPlan.build(req.tool_functions, req.tool_choice_name,
                           req.parallel_tool_calls, state.tool_parser,
                           None if req.structured_outputs is not None else schema,
                           structured_params(req.response_format, req.structured_outputs))

@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 from kvgate.protocol.common import MAX_METADATA_PAIRS, MAX_TOP_LOGPROBS, SamplingFields, Usage
 from kvgate.protocol.errors import bad_request, unsupported
 from kvgate.protocol.structured import ResponseFormat, StructuredOutputs
-from kvgate.protocol.tools import (ChatTool, DeltaToolCall, ToolCall, ToolChoice,
-                                   check_legacy_functions, check_tools, choice_name,
-                                   template_tool_calls)
+from kvgate.protocol.tools import (ChatTool, DeltaToolCall, FunctionDefinition, ToolCall,
+                                   ToolChoice, check_chat_tools, check_legacy_functions,
+                                   check_tools, choice_name, template_tool_calls)
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -92,7 +92,7 @@ class ChatCompletionRequest(SamplingFields):
     def _check_chat(self) -> "ChatCompletionRequest":
         if self.top_logprobs is not None and self.top_logprobs > 0 and not self.logprobs:
             raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs", "invalid_value")
-        check_tools([t.function for t in self.tools or []], choice_name(self.tool_choice))
+        check_tools(check_chat_tools(self.tools or []), choice_name(self.tool_choice))
         check_legacy_functions(self.functions, self.function_call)
         if self.response_format is not None and self.response_format.type != "text" \
                 and self.structured_outputs is not None:
@@ -131,6 +131,10 @@ class ChatCompletionRequest(SamplingFields):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template_dict(i) for i, m in enumerate(self.messages)]
+
+    @property
+    def tool_functions(self) -> list[FunctionDefinition]:
+        return [t.function for t in self.tools or [] if t.function is not None]
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template reads them (None: no tools)."""

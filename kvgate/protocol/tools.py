@@ -24,8 +24,8 @@ class FunctionDefinition(StrictModel):
 
 
 class ChatTool(StrictModel):
-    type: Literal["function"]
-    function: FunctionDefinition
+    type: str  # only "function" is served; others are refused by check_chat_tools, by index
+    function: FunctionDefinition | None = None
 
 
 class NamedFunction(StrictModel):
@@ -66,6 +66,19 @@ def check_tools(tools: list, choice: str | None, nested: bool = True) -> None:
     if choice not in (None, "none", "auto", "required") and choice not in seen:
         raise bad_request(f"'{choice_param}' names function '{choice}', which is not in "
                           f"'{param}'.", choice_param, "invalid_value")
+
+
+def check_chat_tools(tools: list[ChatTool]) -> list[FunctionDefinition]:
+    """The functions of chat's `tools`; 400 naming the tool that is not a function."""
+    functions = []
+    for i, tool in enumerate(tools):
+        if tool.type != "function":
+            raise unsupported(f"tools[{i}].type", f"Tool type '{tool.type}'")
+        if tool.function is None:
+            raise bad_request(f"Missing required parameter: 'tools[{i}].function'.",
+                              f"tools[{i}].function", "missing_required_parameter")
+        functions.append(tool.function)
+    return functions
 
 
 def choice_name(choice: ToolChoice | None) -> str | None:
