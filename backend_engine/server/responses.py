@@ -35,7 +35,7 @@ async def create_response(request: Request) -> Response:
     engine = state.ready_engine()
     model = state.check_model(req.model)
     chat = req.to_chat()
-    plan = plan_tools(state, chat)
+    plan = plan_tools(state, chat, "text.format.schema")
     if req.max_tool_calls is not None:
         plan.max_calls = min(plan.max_calls or req.max_tool_calls, req.max_tool_calls)
     prompt = render_prompt(engine, chat, "input")

@@ -9,26 +9,30 @@ from backend_engine.structured import StructuredOutputsParams
 from kvgate.protocol.structured import ResponseFormat, StructuredOutputs
 
 
-def response_schema(fmt: ResponseFormat | None) -> tuple[dict | None, str]:
-    """The JSON Schema a response format asks for (None: free text), and its field name."""
+CHAT_SCHEMA_PARAM = "response_format.json_schema.schema"
+
+
+def response_schema(fmt: ResponseFormat | None) -> dict | None:
+    """The JSON Schema a response format asks for (None: free text)."""
     if fmt is None or fmt.type == "text":
-        return None, "response_format"
+        return None
     if fmt.type == "json_object":
-        return {"type": "object"}, "response_format"
-    return fmt.json_schema.json_schema or {}, "response_format.json_schema.schema"
+        return {"type": "object"}
+    return fmt.json_schema.json_schema or {}
 
 
-def structured_params(fmt: ResponseFormat | None,
-                      extra: StructuredOutputs | None) -> StructuredOutputsParams | None:
-    """The constraint of a request without forced tool calls (None: unconstrained)."""
+def structured_params(fmt: ResponseFormat | None, extra: StructuredOutputs | None,
+                      schema_param: str = CHAT_SCHEMA_PARAM) -> StructuredOutputsParams | None:
+    """The constraint of a request without forced tool calls (None: unconstrained);
+    `schema_param` names the schema's field in errors."""
     try:
         if extra is not None:
             return StructuredOutputsParams(**extra.constraint(), param="structured_outputs")
-        schema, param = response_schema(fmt)
+        schema = response_schema(fmt)
         if schema is None:
             return None
         if fmt.type == "json_object":
-            return StructuredOutputsParams(json_object=True, param=param)
-        return StructuredOutputsParams(json=schema, param=param)
+            return StructuredOutputsParams(json_object=True, param="response_format")
+        return StructuredOutputsParams(json=schema, param=schema_param)
     except InvalidRequestError as exc:
         raise engine_error_to_api(exc) from None
