@@ -8,12 +8,12 @@ the GIL there — so the step loop keeps running while a request waits for its g
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import xgrammar as xgr
@@ -24,6 +24,7 @@ from backend_engine.structured.params import StructuredOutputsParams
 # Runs of whitespace the JSON grammars allow between tokens: enough for pretty-printed output,
 # bounded so that a model cannot loop on blank lines forever.
 MAX_JSON_WHITESPACE = 16
+log = logging.getLogger("kvgate.engine")
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")
 
 
@@ -32,37 +33,43 @@ def clean_error(exc: Exception) -> str:
     return _CPP_PREFIX.sub("", str(exc).strip()).strip()
 
 
-_NOT_SCHEMAS = ("enum", "const", "default", "examples")
+# xgrammar (0.2.x) writes length-bounded JSON strings with this character class, which lets raw
+# control characters (a tab, U+0000...) into a string, where JSON forbids them; its unbounded
+# strings use the right class. Grammars with JSON in them are rewritten with the right one.
+_LOOSE_CHARS = '[^\\"\\\\\\r\\n]'
+_JSON_CHARS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
 
 
-def json_safe_schema(node: Any) -> Any:
-    """xgrammar (0.2.x) lets length-bounded strings hold raw control characters, which JSON
-    forbids; the same bounds as a pattern (`^.{m,n}$`) exclude them. Returns a rewritten copy."""
-    if isinstance(node, list):
-        return [json_safe_schema(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: v if k in _NOT_SCHEMAS else json_safe_schema(v)
-           for k, v in node.items()}
-    lengths = [k for k in ("minLength", "maxLength") if isinstance(out.get(k), int)]
-    if out.get("type") == "string" and lengths and not {"pattern", "format", "enum",
-                                                          "const"} & out.keys():
-        low, high = out.pop("minLength", 0), out.pop("maxLength", "")
-        out["pattern"] = f"^.{{{low},{high}}}$"
-    return out
+def strict_json_strings(grammar: xgr.Grammar) -> xgr.Grammar:
+    text = str(grammar)
+    if _LOOSE_CHARS not in text:
+        return grammar
+    try:
+        return xgr.Grammar.from_ebnf(text.replace(_LOOSE_CHARS, _JSON_CHARS))
+    except RuntimeError:  # never seen: xgrammar prints grammars it can read back
+        log.warning("could not tighten JSON strings in a grammar; using it as built")
+        return grammar
 
 
 def _schema_text(params: StructuredOutputsParams) -> str:
     try:
-        schema = json.loads(params.spec_text)
+        json.loads(params.spec_text)
     except ValueError as exc:
         raise InvalidRequestError(f"Invalid JSON schema: not JSON ({exc})", param=params.param,
                                   code="invalid_value") from None
-    return json.dumps(json_safe_schema(schema))
+    return params.spec_text
 
 
 def grammar_of(params: StructuredOutputsParams) -> xgr.Grammar:
     """The grammar of a constraint; InvalidRequestError (naming the field) if it has none."""
+    grammar = _build(params)
+    return strict_json_strings(grammar) if params.kind in _WITH_JSON else grammar
+
+
+_WITH_JSON = ("json", "json_object", "structural_tag")
+
+
+def _build(params: StructuredOutputsParams) -> xgr.Grammar:
     kind = params.kind
     try:
         if kind == "json":

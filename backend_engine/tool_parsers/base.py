@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from backend_engine.structured.compiler import MAX_JSON_WHITESPACE, json_safe_schema
+from backend_engine.structured.compiler import MAX_JSON_WHITESPACE
 
 
 @dataclass(slots=True, frozen=True)
@@ -100,7 +100,7 @@ class ToolParser:
         """Either content matching `content_schema` or calls (tool_choice auto together with a
         JSON response format)."""
         calls = self.forced_format(functions, "required")["format"]
-        content = {"type": "json_schema", "json_schema": json_safe_schema(content_schema),
+        content = {"type": "json_schema", "json_schema": content_schema,
                    "max_whitespace_cnt": MAX_JSON_WHITESPACE}
         return self.structural_tag({"type": "or", "elements": [content, calls]})
 
@@ -110,6 +110,5 @@ class ToolParser:
 
     @staticmethod
     def arguments_format(parameters: dict) -> dict:
-        return {"type": "json_schema",
-                "json_schema": json_safe_schema(parameters or {"type": "object"}),
+        return {"type": "json_schema", "json_schema": parameters or {"type": "object"},
                 "max_whitespace_cnt": MAX_JSON_WHITESPACE}
