@@ -106,9 +106,24 @@ class GrammarCompilerPool:
         self._compiler: xgr.GrammarCompiler | None = None
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="kvgate-grammar")
         self._futures: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self._grammars: OrderedDict[tuple[str, str], xgr.Grammar] = OrderedDict()
         self._lock = threading.Lock()
         self.max_cached = max_cached
         self.on_compiled = on_compiled
+
+    def grammar(self, params: StructuredOutputsParams) -> xgr.Grammar:
+        """grammar_of, remembered: a request is validated on arrival, then compiled."""
+        with self._lock:
+            grammar = self._grammars.get(params.key)
+            if grammar is not None:
+                self._grammars.move_to_end(params.key)
+                return grammar
+        grammar = grammar_of(params)  # outside the lock: it may take a while for large schemas
+        with self._lock:
+            self._grammars[params.key] = grammar
+            while len(self._grammars) > self.max_cached:
+                self._grammars.popitem(last=False)
+        return grammar
 
     def submit(self, params: StructuredOutputsParams) -> Future:
         """The compiled grammar (a future), from the cache or from a new compilation."""
@@ -128,7 +143,7 @@ class GrammarCompilerPool:
             self._compiler = xgr.GrammarCompiler(self._tokenizer_info(), max_threads=1,
                                                  cache_enabled=False)
         start = time.perf_counter()
-        compiled = self._compiler.compile_grammar(grammar_of(params))
+        compiled = self._compiler.compile_grammar(self.grammar(params))
         if self.on_compiled is not None:
             self.on_compiled(time.perf_counter() - start)
         return compiled

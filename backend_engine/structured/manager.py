@@ -14,7 +14,7 @@ import xgrammar as xgr
 from backend_engine.metrics import EngineStats
 from backend_engine.sampler import SamplingRow
 from backend_engine.structured.bitmask import MaskRow, StepBitmask
-from backend_engine.structured.compiler import GrammarCompilerPool, grammar_of
+from backend_engine.structured.compiler import GrammarCompilerPool
 from backend_engine.structured.matcher import SequenceGrammar
 from backend_engine.structured.params import StructuredOutputsParams
 
@@ -40,10 +40,9 @@ class StructuredOutputManager:
         return xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
                                                   stop_token_ids=self._stop_token_ids)
 
-    @staticmethod
-    def validate(params: StructuredOutputsParams) -> None:
-        """Raise InvalidRequestError if the constraint has no grammar (fast: no compilation)."""
-        grammar_of(params)
+    def validate(self, params: StructuredOutputsParams) -> None:
+        """Raise InvalidRequestError if the constraint has no grammar (no compilation: fast)."""
+        self.compiler.grammar(params)
 
     # -- requests waiting for their grammar -------------------------------------------------
     def add_request(self, request_id: str, params: StructuredOutputsParams,
