@@ -10,6 +10,7 @@ import openai
 import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.backend_engine.server.conftest import MODEL
 from tests.backend_engine.structured.json_schemas import json_schemas
@@ -180,3 +181,35 @@ def test_model_cards_advertise_the_features_and_metrics_show_grammar_times(clien
                                   "kvgate_grammar_bitmask_seconds_count"))}
     assert counts["kvgate_grammar_compile_seconds_count"] > 0
     assert counts["kvgate_grammar_bitmask_seconds_count"] > 0
+
+
+_KEYWORDS = ["type", "properties", "required", "items", "anyOf", "oneOf", "allOf", "enum", "const",
+             "pattern", "minLength", "maxLength", "minimum", "maximum", "additionalProperties",
+             "$ref", "$defs", "format", "minItems", "maxItems", "prefixItems", "not", "x"]
+_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-5, 50),
+                    st.sampled_from(["string", "integer", "object", "array", "null", "#/$defs/a",
+                                     "email", "[a-z]+", "(", "a{3}"]))
+_JUNK = st.recursive(_LEAVES, lambda c: st.one_of(
+    st.lists(c, max_size=3), st.dictionaries(st.sampled_from(_KEYWORDS), c, max_size=4)),
+    max_leaves=10)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schema=_JUNK, where=st.sampled_from(["response_format", "structured_outputs", "tools", "responses"]))
+def test_any_schema_is_served_or_refused_never_a_server_error(http, schema, where):
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 8}
+    path = "/v1/chat/completions"
+    if where == "response_format":
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    elif where == "structured_outputs":
+        body["structured_outputs"] = {"json": schema}
+    elif where == "tools":
+        body.update(tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}],
+                    tool_choice="required")
+    else:
+        path, body = "/v1/responses", {"model": MODEL, "input": "x", "max_output_tokens": 8, "text": {
+            "format": {"type": "json_schema", "name": "x", "schema": schema}}}
+    response = http.post(path, json=body)
+    assert response.status_code in (200, 400), response.text
+    if response.status_code == 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
