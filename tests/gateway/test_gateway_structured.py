@@ -145,3 +145,18 @@ def test_tools_are_routing_tokens_so_agent_turns_hit_the_cache(cluster):
     assert out.usage.prompt_tokens > 500  # the tool list is most of the prompt
     assert cached[1] >= 400 and decisions[1]["predicted_cached_tokens"] >= 400
     assert decisions[1]["replica"] == name_of(replica)
+
+
+def test_replica_engines_from_flags_and_file(tmp_path):
+    from gateway.config import ConfigError
+    from gateway.serve import config_from_args
+    from kvgate.cli import build_parser
+
+    config_file = tmp_path / "gw.yaml"
+    config_file.write_text("replica_engines:\n  http://b:8000/: sglang\n")
+    args = build_parser().parse_args(["gateway", "--replica", "http://a:8000", "--config", str(config_file),
+                                      "--replica-engine", "http://a:8000=vllm"])
+    assert config_from_args(args).replica_engines == {"http://a:8000": "vllm", "http://b:8000": "sglang"}
+    bad = build_parser().parse_args(["gateway", "--replica", "http://a:8000", "--replica-engine", "http://a:8000=tgi"])
+    with pytest.raises(ConfigError, match="unknown engines"):
+        config_from_args(bad)
