@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-c1", type=int, default=4)
     parser.add_argument("--requests-c16", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     first, median = compile_ms(args.model, schema_with(args.properties))
     print(f"compile, {args.properties}-property schema: {median:.1f} ms "
