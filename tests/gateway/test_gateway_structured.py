@@ -12,8 +12,10 @@ import jsonschema
 import openai
 import pydantic
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from benchmarks.gateway_overhead import FIXTURE_MODEL
+from tests.backend_engine.structured.json_schemas import json_schemas
 from tests.gateway import procs
 
 pytestmark = pytest.mark.timeout(300)
@@ -77,6 +79,18 @@ def test_sdk_structured_outputs_and_tools_through_the_gateway(cluster):
             entry = streamed.setdefault(tc.index, [tc.function.name, ""])
             entry[1] += tc.function.arguments or ""
     assert list(streamed.values()) == [[call.function.name, call.function.arguments]]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schema=json_schemas(max_leaves=5))
+def test_random_json_schemas_through_the_gateway_always_validate(cluster, schema):
+    gateway = cluster[3]
+    out = sdk(gateway.url).chat.completions.create(
+        model=procs.MODEL, messages=[{"role": "user", "content": "JSON please."}], max_tokens=400,
+        temperature=1.0, response_format={"type": "json_schema", "json_schema": {
+            "name": "random", "schema": schema, "strict": True}})
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content), schema)
 
 
 def test_sdk_responses_through_the_gateway(cluster):
