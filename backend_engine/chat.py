@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from backend_engine.errors import InvalidRequestError
+from kvgate.protocol.tool_prompt import adapt_to_template
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
@@ -14,6 +15,7 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     if tokenizer.chat_template is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions",
                                   param="messages")
+    messages, tools = adapt_to_template(tokenizer.chat_template, messages, tools)
     try:
         text = tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=add_generation_prompt and not

@@ -31,6 +31,7 @@ from backend_engine.spec_decode.controller import SpecController
 from backend_engine.spec_decode.proposers import build_proposer
 from backend_engine.step_budget import QueueDrain, StepBudget
 from backend_engine.step_cost import StepCostModel, StepShape
+from backend_engine.structured.manager import StructuredOutputManager
 from routing.hashing import NAMESPACE_RULE, namespace_for
 
 
@@ -82,6 +83,8 @@ class LLMEngine:
             self.kv_connector = KVConnector(config, self.pool, self.runner.kv_caches,
                                             self.model_id)
         self._resumed: list[RequestState] = []  # decode side: first tokens came with the request
+        self.structured = StructuredOutputManager(self.tokenizer, self.hf_config.vocab_size,
+                                                  self.eos_token_ids, self.stats)
 
     def _step_budget(self, config: EngineConfig) -> StepBudget | None:
         if config.target_itl_ms is None:
@@ -151,6 +154,8 @@ class LLMEngine:
         if bad_bias:
             raise InvalidRequestError(f"logit_bias has token ids outside [0, {vocab}): "
                                       f"{bad_bias[:5]}", param="logit_bias", code="invalid_value")
+        if params.structured_outputs is not None:
+            self.structured.validate(params.structured_outputs)
         room = self.max_model_len - n
         if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
             asked = n + (params.max_tokens or 1)
@@ -201,8 +206,11 @@ class LLMEngine:
             for seq, reason in self.outputs.resume(state, kv_transfer):
                 self._finish(seq, reason, seq.first_token_time)
             self._resumed.append(state)
-        for seq in seqs:
-            if not seq.is_finished:
+        live = [seq for seq in seqs if not seq.is_finished]
+        if live and params.structured_outputs is not None:  # scheduled once its grammar compiles
+            self.structured.add_request(request_id, params.structured_outputs, live)
+        else:
+            for seq in live:
                 self.scheduler.add(seq)
         if pin is not None:
             self.pins.begin(request_id, pin)
@@ -213,6 +221,7 @@ class LLMEngine:
         if state is None:
             return None
         self.pins.abort(request_id)
+        self.structured.forget(request_id)
         for seq, out in zip(state.seqs, state.outputs):
             if not seq.is_finished:
                 self._finish(seq, ("abort", None), time.monotonic())
@@ -251,15 +260,21 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         started = time.perf_counter()
+        failed = self._admit_compiled()
         self._propose_drafts()
         sched = self.scheduler.schedule()
         self.stats.preemptions = self.scheduler.num_preemptions
         if not sched:
             self.pool.flush_events()
-            return []
+            self.structured.wait_for_pending(0.01)  # nothing to run until a grammar is ready
+            return failed
         shape = self._shape(sched.scheduled)
         rows = {seq: self._sampling_rows(seq) for seq, _ in sched.scheduled}
-        results = self.runner.execute(sched.scheduled, rows)
+        self.structured.start_step(sched.scheduled, rows)
+        try:
+            results = self.runner.execute(sched.scheduled, rows)
+        finally:
+            self.structured.finish_step()
         self._observe_step(shape, time.perf_counter() - started)
         now = time.monotonic()
         touched: dict[str, RequestState] = {}
@@ -293,7 +308,7 @@ class LLMEngine:
         self.pool.flush_events()
         self.stats.prefix_cache_queries = self.kv.prefix_cache_queries
         self.stats.prefix_cache_hits = self.kv.prefix_cache_hits
-        outputs = []
+        outputs = failed
         for state in touched.values():
             finished = state.finished
             outputs.append(self.outputs.make_output(state, finished))
@@ -336,6 +351,14 @@ class LLMEngine:
         return max((-(-(s.num_prompt_tokens + s.max_tokens) // self.block_size) for s in seqs),
                    default=0)
 
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Schedule the requests whose grammar is now compiled; end those whose failed."""
+        ready, failed = self.structured.take_ready()
+        for seq in ready:
+            if not seq.is_finished:
+                self.scheduler.add(seq)
+        return [out for out in map(self.abort_request, failed) if out is not None]
+
     def _propose_drafts(self) -> None:
         if self.proposer is None or not self.scheduler.running:
             return
@@ -352,6 +375,7 @@ class LLMEngine:
                 work.append((seq, min(room, budget)))
         if work:
             self.proposer.propose_batch(work, self._draft_row)
+            self.structured.trim_drafts([seq for seq, _ in work])
 
     def _draft_row(self, seq: Sequence, drafted: list[int]) -> SamplingRow:
         """How a proposer samples the next draft, given the drafts it made so far."""
@@ -383,6 +407,8 @@ class LLMEngine:
                            result.top_logprobs[j] if result.top_logprobs is not None else [])
             self.stats.generation_tokens += 1
             reason = self.outputs.append_token(state, seq, token, logprob)
+            if reason is None and self.structured.accept(seq, token):
+                reason = ("stop", None)  # the grammar is complete: nothing may follow
             if reason is not None:
                 return reason
         return None
@@ -406,7 +432,8 @@ class LLMEngine:
 
     # -- cache state for the replica server ------------------------------------------------
     def load(self) -> dict:
-        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+        return {"running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting) + self.structured.num_pending_seqs,
                 "kv_usage": round(self.pool.usage(), 4),
                 "pending_prefill_tokens": self.scheduler.pending_prefill_tokens(),
                 "num_free_blocks": self.pool.num_free_blocks,

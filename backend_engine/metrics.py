@@ -17,7 +17,8 @@ class EngineStats:
     finished_by_reason: Counter = field(default_factory=Counter)
     admission_refused: int = 0  # requests refused because the queue could not meet its bound
     _observations: dict[str, list[float]] = field(
-        default_factory=lambda: {"ttft": [], "tpot": [], "e2e": [], "queue": [], "step": []})
+        default_factory=lambda: {"ttft": [], "tpot": [], "e2e": [], "queue": [], "step": [],
+                                 "grammar_compile": [], "grammar_mask": []})
     _ttft_by_priority: list[tuple[int, float]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backend_engine.errors import InvalidRequestError
+from backend_engine.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 MAX_N = 128
@@ -31,6 +32,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None  # number of top logprobs per sampled token (0: just the token's)
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # constrained decoding
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

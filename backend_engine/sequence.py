@@ -45,6 +45,7 @@ class Sequence:
     stop_reason: str | int | None = None
     generator: Any = None  # torch.Generator when the request has a seed (runner-owned)
     priority: int = 0  # lower is served earlier (vLLM's convention)
+    grammar: Any = None  # structured outputs: this sample's SequenceGrammar (its matcher)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -19,6 +19,7 @@ from kvgate.protocol.chat import ChatCompletionRequest
 from kvgate.protocol.completions import CompletionRequest
 from kvgate.protocol.http import BodySizeLimitMiddleware, install_error_handlers
 from kvgate.protocol.openapi import document_bodies
+from kvgate.protocol.responses import ResponsesRequest
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -58,5 +59,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def metrics() -> Response:
         return Response(state.metrics.render(state), media_type="text/plain; version=0.0.4")
 
-    document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest})
+    document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
+                          "/v1/responses": ResponsesRequest})
     return app

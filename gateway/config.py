@@ -11,6 +11,7 @@ import yaml
 
 from gateway.kv_events_spec import KvEventsSpecError, parse_kv_events
 from kvgate.protocol.common import MAX_PRIORITY, MIN_PRIORITY
+from kvgate.protocol.features import ENGINE_FEATURES
 
 
 class ConfigError(ValueError):
@@ -42,6 +43,9 @@ class GatewayConfig:
     redis_keys: bool = False  # also accept keys stored in Redis (hash kvgate:keys)
     tokenizers: dict[str, str] = field(default_factory=dict)  # model -> folder with tokenizer.json
     block_size: int = 16  # tokens per hashed block; equal to the engines' block size
+    # replica URL -> its engine ("kvgate", "vllm", "sglang", "other"): what a foreign replica
+    # serves (structured outputs, tools, /v1/responses); unlisted replicas are asked (model cards)
+    replica_engines: dict[str, str] = field(default_factory=dict)
     max_attempts: int = 3  # replicas tried per request before the first byte
     retry_backoff_s: float = 0.02  # base of the jittered backoff between attempts
     health_interval_s: float = 1.0  # seconds between GET /health of every replica
@@ -67,7 +71,7 @@ class GatewayConfig:
 
 
 _SCALARS = {name for name in GatewayConfig.__dataclass_fields__
-            if name not in ("replicas", "kv_events", "api_keys", "tokenizers")}
+            if name not in ("replicas", "kv_events", "api_keys", "tokenizers", "replica_engines")}
 
 
 def _api_key(raw: dict | str, i: int, isolate_default: bool) -> ApiKey:
@@ -120,7 +124,7 @@ def load_file(path: str | Path, config: GatewayConfig) -> GatewayConfig:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping")
-    unknown = set(data) - _SCALARS - {"replicas", "api_keys", "tokenizers"}
+    unknown = set(data) - _SCALARS - {"replicas", "api_keys", "tokenizers", "replica_engines"}
     if unknown:
         raise ConfigError(f"config file {path}: unknown fields {sorted(unknown)}")
     for name in _SCALARS & set(data):
@@ -128,6 +132,8 @@ def load_file(path: str | Path, config: GatewayConfig) -> GatewayConfig:
     for i, entry in enumerate(data.get("replicas") or []):
         config.replicas.append(_replica_entry(entry, i, config))
     config.tokenizers.update(data.get("tokenizers") or {})
+    config.replica_engines.update({url.rstrip("/"): engine for url, engine
+                                   in (data.get("replica_engines") or {}).items()})
     config.api_keys += [_api_key(k, i, config.isolate_cache_by_key)
                         for i, k in enumerate(data.get("api_keys") or [])]
     return config
@@ -161,6 +167,10 @@ def validate(config: GatewayConfig) -> GatewayConfig:
         raise ConfigError("max_queued_requests must be >= 0 and max_queue_wait_s positive")
     if config.pd_bypass_tokens < 0 or config.pd_transfer_weight < 0:
         raise ConfigError("pd_bypass_tokens and pd_transfer_weight must not be negative")
+    bad = {u: e for u, e in config.replica_engines.items() if e not in ENGINE_FEATURES}
+    if bad:
+        raise ConfigError(f"replica_engines: unknown engines {bad}; choose from "
+                          f"{sorted(ENGINE_FEATURES)}")
     names = [k.name for k in config.api_keys]
     if any("|" in name for name in names):
         raise ConfigError("api key names may not contain '|' (it separates tenant and salt)")

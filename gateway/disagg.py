@@ -41,7 +41,8 @@ def has_pairs(state: GatewayState, model: str) -> bool:
 
 async def serve(state: GatewayState, routed: RoutedRequest) -> Response:
     """The request through a prefill/decode pair when the fleet has them, else as today."""
-    if not routed.single_prompt or not has_pairs(state, routed.model):
+    # /v1/responses goes whole: replicas take kv_transfer_params on chat and completions only
+    if routed.endpoint == "responses" or not routed.single_prompt or not has_pairs(state, routed.model):
         return await forward(state, routed)
     paired: set[str] = set()  # in a pair whose transfer failed: not paired again
     tried: set[str] = set()  # failed to answer: not used again for this request
@@ -61,7 +62,8 @@ async def serve(state: GatewayState, routed: RoutedRequest) -> Response:
 async def _attempt(state: GatewayState, routed: RoutedRequest, attempt: int, paired: set[str],
                    tried: set[str]) -> Response | UpstreamFailure:
     usable = [r for r in state.replicas.values()
-              if routed.model in r.models and r.routable() and r.name not in paired | tried]
+              if routed.model in r.models and r.routable() and r.name not in paired | tried
+              and r.supports(routed.features)]
     decode = [r.name for r in usable if r.role == "decode" and r.kv_transfer_address]
     if not decode:
         raise NoReplicaAvailable("no decode replica left")

@@ -31,7 +31,7 @@ REPLICA_HEADER = "x-kvgate-replica"
 @dataclass(slots=True)
 class RoutedRequest:
     request_id: str
-    endpoint: str  # "chat" | "completions"
+    endpoint: str  # "chat" | "completions" | "responses"
     path: str
     body: bytes
     headers: dict[str, str]
@@ -42,11 +42,14 @@ class RoutedRequest:
     started: float  # perf_counter at arrival
     priority: int = 0  # effective: the request's, else its key's default
     single_prompt: bool = True  # False: a completions request with several prompts (no P/D)
+    features: frozenset[str] = frozenset()  # what a replica must serve (kvgate/protocol/features.py)
 
 
-def _exclusions(state: GatewayState, model: str, tried: set[str]) -> set[str]:
+def _exclusions(state: GatewayState, model: str, tried: set[str],
+                features: frozenset[str] = frozenset()) -> set[str]:
     return {name for name, r in state.replicas.items()
-            if name in tried or model not in r.models or not r.routable()} \
+            if name in tried or model not in r.models or not r.routable()
+            or not r.supports(features)} \
         | role_exclusions(list(state.replicas.values()), model, tried)
 
 
@@ -107,7 +110,8 @@ async def _attempts(state: GatewayState, routed: RoutedRequest,
         try:
             decision = await state.shared.route_hashes(
                 routed.hashes, routed.prompt_tokens, f"{routed.request_id}-{attempt}",
-                exclude=_exclusions(state, routed.model, tried), priority=routed.priority)
+                exclude=_exclusions(state, routed.model, tried, routed.features),
+                priority=routed.priority)
         except NoReplicaAvailable as exc:
             if last is not None or refusals:
                 break

@@ -22,8 +22,10 @@ from kvgate.protocol.chat import ChatCompletionRequest
 from kvgate.protocol.completions import CompletionRequest
 from kvgate.protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
 from kvgate.protocol.errors import APIError, bad_request, context_length_exceeded, model_not_found
+from kvgate.protocol.features import FEATURE_PARAMS, required_features
 from kvgate.protocol.model_list import ModelCard, ModelList
 from kvgate.protocol.parsing import parse_json_body, parse_request
+from kvgate.protocol.responses import ResponsesRequest
 from routing.hashing import block_hashes, namespace_for
 from routing.rate_limit import RateLimit
 
@@ -39,6 +41,11 @@ async def chat_completions(request: Request) -> Response:
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     return await _serve(request, "completions", "/v1/completions", CompletionRequest)
+
+
+@router.post("/v1/responses")
+async def responses(request: Request) -> Response:
+    return await _serve(request, "responses", "/v1/responses", ResponsesRequest)
 
 
 @router.get("/v1/models")
@@ -69,8 +76,22 @@ def tenant_salt(key: ApiKey | None, cache_salt: str | None) -> str | None:
     return cache_salt
 
 
-def _check_limits(state: GatewayState, req: ChatCompletionRequest | CompletionRequest) -> None:
-    if req.kv_transfer_params is not None:
+def _check_features(serving: list, req, endpoint: str) -> frozenset[str]:  # noqa: ANN001
+    """The features the request uses; 400 naming the field when no replica of the model has them."""
+    needed = required_features(req, endpoint)
+    if needed and not any(r.supports(needed) for r in serving):
+        served = frozenset().union(*(r.features for r in serving))
+        missing = sorted(needed - served) or sorted(needed)  # else no one replica has them all
+        param = FEATURE_PARAMS[missing[0]]
+        raise bad_request(f"No replica of model '{req.model}' supports {', '.join(missing)} (a "
+                          "foreign replica's engine is given with --replica-engine URL=vllm).",
+                          param, "unsupported_parameter")
+    return needed
+
+
+def _check_limits(state: GatewayState,
+                  req: ChatCompletionRequest | CompletionRequest | ResponsesRequest) -> None:
+    if getattr(req, "kv_transfer_params", None) is not None:  # the Responses API has no field
         raise bad_request("'kv_transfer_params' is set by the gateway for prefill/decode pairs; "
                           "clients may not send it.", "kv_transfer_params", "invalid_value")
     if isinstance(req, ChatCompletionRequest) and len(req.messages) > state.config.max_messages:
@@ -128,6 +149,8 @@ async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Respo
     serving = state.serving(req.model)
     if not serving:
         raise model_not_found(req.model)
+    features = _check_features(serving, req, endpoint)
+    chat = req.to_chat() if isinstance(req, ResponsesRequest) else req
     salt = tenant_salt(key, req.cache_salt)
     priority = effective_priority(key, req.priority)
     changes: dict = {}  # forwarded byte for byte unless the namespace or priority must change
@@ -137,16 +160,17 @@ async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Respo
         changes["priority"] = priority  # the key's default
     body = json.dumps({**data, **changes}, separators=(",", ":")).encode() if changes else raw
     tokenizer_url = next((r.url for r in serving if r.routable()), serving[0].url)
-    if isinstance(req, ChatCompletionRequest):
-        tokens = await state.tokens.chat(req, tokenizer_url)
-        max_out = req.max_output_tokens or 0
+    if isinstance(chat, ChatCompletionRequest):
+        tokens = await state.tokens.chat(chat, tokenizer_url)
+        max_out = chat.max_output_tokens or 0
     else:
         tokens = await state.tokens.prompt(req.model, req.prompts()[0], tokenizer_url)
         max_out = req.max_tokens or 0
     if len(tokens) > state.config.max_prompt_tokens:
         raise context_length_exceeded(
             f"The prompt has {len(tokens)} tokens; this gateway accepts at most "
-            f"{state.config.max_prompt_tokens}.", "messages" if endpoint == "chat" else "prompt")
+            f"{state.config.max_prompt_tokens}.",
+            {"chat": "messages", "responses": "input"}.get(endpoint, "prompt"))
     await _check_rate(state, key, len(tokens) + max_out * (req.n or 1))
     _advise(state, key, req.model, tokens, salt)
     namespace_model = serving[0].namespace_model or req.model
@@ -154,7 +178,8 @@ async def _serve(request: Request, endpoint: str, path: str, model_cls) -> Respo
     request_id = req.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
     routed = RoutedRequest(request_id, endpoint, path, body, forwarded_headers(request.headers),
                            req.model, bool(req.stream), hashes, len(tokens), started, priority,
-                           single_prompt=not isinstance(req, CompletionRequest) or len(req.prompts()) == 1)
+                           single_prompt=not isinstance(req, CompletionRequest) or len(req.prompts()) == 1,
+                           features=features)
     try:
         return await unless_disconnected(request, disagg.serve(state, routed))
     except ClientDisconnected:  # forward was cancelled: its booking released, upstream closed

@@ -54,7 +54,7 @@ class PromptTokens:
             try:
                 return tokenizer.render_chat(
                     messages, req.add_generation_prompt is not False, req.chat_template_kwargs,
-                    req.tools, bool(req.continue_final_message))
+                    req.template_tools(), bool(req.continue_final_message))
             except ChatTemplateError as exc:
                 raise bad_request(str(exc), "messages") from None
         body = {"model": req.model, "messages": messages,
@@ -63,7 +63,7 @@ class PromptTokens:
         if req.chat_template_kwargs:
             body["chat_template_kwargs"] = req.chat_template_kwargs
         if req.tools:
-            body["tools"] = req.tools
+            body["tools"] = req.template_tools()
         return await self._remote(replica_url, body)
 
     async def prompt(self, model: str, prompt: str | list[int], replica_url: str | None) -> list[int]:

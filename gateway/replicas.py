@@ -7,6 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from gateway.circuit import CLOSED, CircuitBreaker
+from kvgate.protocol.features import ENGINE_FEATURES
 
 HEALTHY, UNHEALTHY, DOWN, UNKNOWN = "healthy", "unhealthy", "down", "unknown"
 
@@ -41,9 +42,22 @@ class Replica:
     load: dict = field(default_factory=dict)  # the engine's last report
     role: str = "both"  # P/D role from /kv/snapshot: "both" | "prefill" | "decode"
     kv_transfer_address: str | None = None  # a decode replica's KV receiver
+    engine: str | None = None  # configured: "kvgate" | "vllm" | "sglang" | "other"; None: ask it
+    advertised: frozenset[str] = frozenset()  # features its model cards list (kvgate replicas)
     counts: ReplicaCounts = field(default_factory=ReplicaCounts)
     # Requests waiting for this replica's first byte; told when the health checks find it down.
     down_waiters: set[asyncio.Future] = field(default_factory=set, repr=False)
+
+    @property
+    def features(self) -> frozenset[str]:
+        """What it serves beyond plain generation: as configured for its engine, else as its
+        model cards say (a replica that says nothing serves none)."""
+        if self.engine is not None:
+            return ENGINE_FEATURES.get(self.engine, frozenset())
+        return self.advertised
+
+    def supports(self, features: frozenset[str]) -> bool:
+        return features <= self.features
 
     def routable(self) -> bool:
         """May this replica be offered to the policy for a new request?"""

@@ -33,6 +33,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         if not sep or not model or not folder:
             raise ConfigError(f"--tokenizer wants MODEL=FOLDER, got {item!r}")
         config.tokenizers[model] = folder
+    for item in args.replica_engine:
+        url, sep, engine = item.rpartition("=")
+        if not sep or not url or not engine:
+            raise ConfigError(f"--replica-engine wants URL=ENGINE, got {item!r}")
+        config.replica_engines[url.rstrip("/")] = engine
     config.log_level = args.log_level
     if not config.replicas:
         raise ConfigError("give at least one --replica URL (or `replicas:` in the config file)")

@@ -109,7 +109,7 @@ class GatewayState:
                 return existing
         name = name or replica_name(url, set(self.replicas))
         breaker = CircuitBreaker(self.config.failure_threshold, self.config.circuit_cooldown_s)
-        replica = Replica(name, url, breaker)
+        replica = Replica(name, url, breaker, engine=self.config.replica_engines.get(url))
         self.replicas[name] = replica
         self.router.add_replica(name)
         await check_once(self, replica)
@@ -150,6 +150,8 @@ class GatewayState:
             response.raise_for_status()
             replica.model_cards = list(response.json().get("data", []))
             replica.models = [m["id"] for m in replica.model_cards]
+            replica.advertised = frozenset(
+                f for card in replica.model_cards[:1] for f in card.get("features") or [])
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             log.warning("cannot list models of %s: %s", replica.name, exc)
 

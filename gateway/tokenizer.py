@@ -14,6 +14,8 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from kvgate.protocol.tool_prompt import adapt_to_template
+
 
 TOKEN_TEXTS_CACHED = 8192
 
@@ -60,6 +62,7 @@ class LocalTokenizer:
         self.special = {name: _token_text(config.get(name)) for name in
                         ("bos_token", "eos_token", "unk_token", "pad_token")}
         self.template = None
+        self.template_source = template if isinstance(template, str) else None
         if isinstance(template, str):
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
@@ -91,6 +94,7 @@ class LocalTokenizer:
                     continue_final_message: bool = False) -> list[int]:
         if self.template is None:
             raise ChatTemplateError("this model has no chat template; use /v1/completions")
+        messages, tools = adapt_to_template(self.template_source, messages, tools)
         try:
             text = self.template.render(
                 messages=messages, tools=tools,

@@ -112,8 +112,16 @@ def forwarded_headers(incoming) -> dict[str, str]:  # noqa: ANN001 - starlette H
 
 
 def usage_of(payload: dict) -> Usage | None:
+    """Usage of a chat or completions body or chunk, or of a response (or its final event)."""
+    if isinstance(payload, dict) and isinstance(payload.get("response"), dict):
+        payload = payload["response"]  # a Responses API event carrying the response
     usage = payload.get("usage") if isinstance(payload, dict) else None
-    if not isinstance(usage, dict) or "prompt_tokens" not in usage:
+    if not isinstance(usage, dict):
+        return None
+    if "input_tokens" in usage:  # the Responses API's names
+        details = usage.get("input_tokens_details") or {}
+        return Usage(int(usage["input_tokens"]), int(details.get("cached_tokens") or 0))
+    if "prompt_tokens" not in usage:
         return None
     details = usage.get("prompt_tokens_details") or {}
     return Usage(int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0))
@@ -133,6 +141,8 @@ class UsageScanner:
         if len(self._partial) > 1 << 20:
             self._partial = b""  # no event is that large: not SSE, stop looking
         for event in events:
+            if event.startswith(b"event: "):  # a named event (Responses API): data follows
+                event = event.partition(b"\n")[2]
             if b'"usage"' not in event or not event.startswith(b"data: {"):
                 continue
             try:

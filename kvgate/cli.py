@@ -83,6 +83,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                     help="decode: the address prefill replicas dial, when it differs from the bind address (NAT, pods)")
     pd.add_argument("--kv-transfer-timeout", type=float, default=10.0,
                     help="seconds of silence that fail a transfer; how long received blocks wait for their request")
+    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "hermes", "llama3_json", "mistral"],
+                   help="how tool calls are read from (and forced into) the model's output; auto: by its tokenizer")
     p.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
     p.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (413 beyond)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -149,6 +151,7 @@ def server_settings_from_args(args: argparse.Namespace):  # -> ServerSettings
         host=args.host, port=args.port, served_model_names=list(args.served_model_name or []),
         api_key=args.api_key, drain_grace_s=args.drain_grace, log_level=args.log_level,
         kv_events_config=args.kv_events_config,
+        tool_call_parser=args.tool_call_parser,
     )
     if args.kv_events_config:
         from backend_engine.server.kv_publisher import KVEventsConfig
@@ -221,6 +224,9 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
                         "(default 1024; 0: pass the 503 on)")
     p.add_argument("--max-queue-wait-s", type=float, default=None,
                    help="the longest a request waits there before a 503 (default 600)")
+    p.add_argument("--replica-engine", action="append", default=[], metavar="URL=ENGINE",
+                   help="a foreign replica's engine (vllm, sglang, other): what it serves beyond plain "
+                        "generation (structured outputs, tools, /v1/responses); kvgate replicas say it themselves")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 

@@ -1,8 +1,10 @@
-"""`POST /v1/chat/completions`: render the conversation with the model's chat template, generate,
-and answer as one `chat.completion` or as `chat.completion.chunk` events."""
+"""`POST /v1/chat/completions`: render the conversation with the model's chat template, generate
+(constrained when the request asks for JSON or forces tool calls), and answer as one
+`chat.completion` or as `chat.completion.chunk` events (backend_engine/server/chat_stream.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends
@@ -11,26 +13,52 @@ from starlette.requests import Request
 
 from backend_engine.errors import InvalidRequestError
 from backend_engine.outputs import RequestOutput
+from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.auth import require_api_key
-from backend_engine.server.generation import Started, merged
+from backend_engine.server.chat_stream import chat_stream, usage_of
+from backend_engine.server.generation import Started
 from backend_engine.server.logprobs import chat_logprobs
 from backend_engine.server.sampling import chat_sampling_params, check_context_length, engine_error_to_api
-from backend_engine.server.serving import ResponseMeta, aborted_error, serve_generation
+from backend_engine.server.serving import ResponseMeta, serve_generation
 from backend_engine.server.state import ServerState
-from kvgate.protocol.chat import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    DeltaMessage,
-)
-from kvgate.protocol.common import Usage
+from backend_engine.server.structured import CHAT_SCHEMA_PARAM, response_schema, structured_params
+from backend_engine.server.tool_plan import ToolPlan
+from kvgate.protocol.chat import AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest
 from kvgate.protocol.parsing import parse_request
-from kvgate.protocol.sse import DONE, sse_data
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+def plan_tools(state: ServerState, req: ChatCompletionRequest,
+               schema_param: str = CHAT_SCHEMA_PARAM) -> ToolPlan:
+    schema = response_schema(req.response_format)
+    return ToolPlan.build(req.tool_functions, req.tool_choice_name,
+                          req.parallel_tool_calls, state.tool_parser,
+                          None if req.structured_outputs is not None else schema,
+                          structured_params(req.response_format, req.structured_outputs, schema_param))
+
+
+def with_plan(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
+    changes: dict = {"structured_outputs": plan.structured}
+    if plan.skip_special_tokens_off:
+        changes["skip_special_tokens"] = False
+    return dataclasses.replace(params, **changes)
+
+
+def render_prompt(engine, req: ChatCompletionRequest, param: str = "messages") -> list[int]:  # noqa: ANN001
+    """The conversation (tools included) through the model's chat template, as token ids."""
+    try:
+        prompt = engine.render_chat(
+            req.template_messages(),
+            add_generation_prompt=req.add_generation_prompt is not False,
+            chat_template_kwargs=req.chat_template_kwargs,
+            tools=req.template_tools(),
+            continue_final_message=bool(req.continue_final_message),
+        )
+    except InvalidRequestError as exc:
+        raise engine_error_to_api(exc) from None
+    check_context_length(len(prompt), req.max_output_tokens, engine.max_model_len, param)
+    return prompt
 
 
 @router.post("/v1/chat/completions")
@@ -39,26 +67,17 @@ async def create_chat_completion(request: Request) -> Response:
     req = parse_request(ChatCompletionRequest, await request.body())
     engine = state.ready_engine()
     model = state.check_model(req.model)
-    try:
-        prompt = engine.render_chat(
-            req.template_messages(),
-            add_generation_prompt=req.add_generation_prompt is not False,
-            chat_template_kwargs=req.chat_template_kwargs,
-            tools=req.tools,  # only with tool_choice "none": shown to the model, never called
-            continue_final_message=bool(req.continue_final_message),
-        )
-    except InvalidRequestError as exc:
-        raise engine_error_to_api(exc) from None
-    check_context_length(len(prompt), req.max_output_tokens, engine.max_model_len, "messages")
-    params = chat_sampling_params(req)
+    plan = plan_tools(state, req)
+    prompt = render_prompt(engine, req)
+    params = with_plan(chat_sampling_params(req), plan)
     meta = ResponseMeta.new("chatcmpl", model, req.request_id or request.headers.get("x-request-id"))
-    n = params.n
+    continuous = bool(req.include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
 
     def render_stream(started: list[Started]) -> AsyncIterator[bytes]:
-        return chat_stream(meta, started, n, req.num_logprobs, req.include_usage, _continuous_usage(req))
+        return chat_stream(meta, started, params.n, req.num_logprobs, req.include_usage, continuous, plan)
 
     def render_final(outputs: list[RequestOutput]) -> ChatCompletion:
-        return chat_completion(meta, outputs[0], req.num_logprobs)
+        return chat_completion(meta, outputs[0], req.num_logprobs, plan)
 
     return await serve_generation(
         request, state, meta, [prompt], params, req.cache_salt, bool(req.stream), render_stream, render_final,
@@ -66,63 +85,19 @@ async def create_chat_completion(request: Request) -> Response:
     )
 
 
-def _continuous_usage(req: ChatCompletionRequest) -> bool:
-    return bool(req.include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
-
-
-def usage_of(out: RequestOutput) -> Usage:
-    completion = sum(len(c.token_ids) for c in out.outputs)
-    return Usage.of(len(out.prompt_token_ids), completion, out.num_cached_tokens)
-
-
-def chat_completion(meta: ResponseMeta, out: RequestOutput, num_top: int | None) -> ChatCompletion:
-    choices = [
-        ChatChoice(
+def chat_completion(meta: ResponseMeta, out: RequestOutput, num_top: int | None,
+                    plan: ToolPlan) -> ChatCompletion:
+    choices = []
+    for c in sorted(out.outputs, key=lambda c: c.index):
+        content, calls, finish_reason = plan.answer(c.text, c.finish_reason)
+        choices.append(ChatChoice(
             index=c.index,
-            message=AssistantMessage(content=c.text),
+            message=AssistantMessage(content=content, tool_calls=calls),
             logprobs=chat_logprobs(c.logprobs, num_top) if num_top is not None else None,
-            finish_reason=c.finish_reason,
+            finish_reason=finish_reason,
             stop_reason=c.stop_reason,
-        )
-        for c in sorted(out.outputs, key=lambda c: c.index)
-    ]
+        ))
     return ChatCompletion(
         id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.system_fingerprint,
         choices=choices, usage=usage_of(out),
     )
-
-
-async def chat_stream(meta: ResponseMeta, started: list[Started], n: int, num_top: int | None,
-                      include_usage: bool, continuous_usage: bool = False) -> AsyncIterator[bytes]:
-    """Role delta per choice, content deltas, a finish chunk per choice, [usage chunk], [DONE]."""
-    dump = {} if include_usage else {"exclude": {"usage"}}
-    usage: Usage | None = None
-
-    def chunk(choices: list[ChatChunkChoice], final_usage: Usage | None = None) -> bytes:
-        c = ChatCompletionChunk(
-            id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.system_fingerprint,
-            choices=choices, usage=final_usage or (usage if continuous_usage else None),
-        )
-        return sse_data(c, **dump)
-
-    for index in range(n):
-        yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
-    finished: set[int] = set()
-    async for _, out in merged(started):
-        usage = usage_of(out)
-        for c in out.outputs:
-            if c.index in finished:
-                continue
-            if c.delta_text or (num_top is not None and c.delta_logprobs):
-                logprobs = chat_logprobs(c.delta_logprobs, num_top) if num_top is not None else None
-                yield chunk([ChatChunkChoice(index=c.index, delta=DeltaMessage(content=c.delta_text), logprobs=logprobs)])
-            if c.finish_reason is not None:
-                finished.add(c.index)
-                if c.finish_reason == "abort":
-                    raise aborted_error()
-                finish = ChatChunkChoice(index=c.index, delta=DeltaMessage(), finish_reason=c.finish_reason,
-                                         stop_reason=c.stop_reason)
-                yield chunk([finish])
-    if include_usage and usage is not None:
-        yield chunk([], usage)
-    yield DONE

@@ -16,6 +16,7 @@ from backend_engine.server.logprobs import legacy_logprobs, merge_legacy
 from backend_engine.server.sampling import check_context_length, completion_sampling_params
 from backend_engine.server.serving import ResponseMeta, aborted_error, serve_generation
 from backend_engine.server.state import ServerState
+from backend_engine.server.structured import structured_params
 from kvgate.protocol.common import Usage
 from kvgate.protocol.completions import Completion, CompletionChoice, CompletionRequest, LegacyLogprobs
 from kvgate.protocol.errors import bad_request
@@ -40,6 +41,7 @@ async def create_completion(request: Request) -> Response:
         check_context_length(len(ids), req.max_tokens, engine.max_model_len, "prompt")
         prompts.append(ids)
     params = completion_sampling_params(req)
+    params.structured_outputs = structured_params(req.response_format, req.structured_outputs)
     meta = ResponseMeta.new("cmpl", model, req.request_id or request.headers.get("x-request-id"))
     echo = [tokenizer.decode(ids) if req.echo else "" for ids in prompts]
     first_tokens = [tokenizer.decode(ids[:1]) for ids in prompts]

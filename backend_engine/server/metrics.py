@@ -25,6 +25,8 @@ TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3,
 MAX_PRIORITY_LABELS = 16
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 KV_TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+GRAMMAR_COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+GRAMMAR_MASK_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0)
 
 _ENGINE_COUNTERS = (
@@ -44,7 +46,7 @@ _SPEC_COUNTERS = (
     ("verifications", "kvgate_spec_decode_verifications", "Sequence-steps that verified drafts."),
 )
 
-_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
+_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/detokenize", "/health",
            "/metrics", "/kv/snapshot", "/kv/events", "/admin/pins"}
 
 
@@ -178,6 +180,12 @@ class ServerMetrics:
         self.ttft_by_priority = Histogram(
             "kvgate_time_to_first_token_by_priority_seconds", "Time to first token, by request priority.",
             ["priority"], buckets=TTFT_BUCKETS, registry=r)
+        self.grammar_compile = Histogram(
+            "kvgate_grammar_compile_seconds", "Compiling a structured-output grammar (off the step loop).",
+            buckets=GRAMMAR_COMPILE_BUCKETS, registry=r)
+        self.grammar_mask = Histogram(
+            "kvgate_grammar_bitmask_seconds", "Filling one step's grammar bitmask (overlaps the forward pass).",
+            buckets=GRAMMAR_MASK_BUCKETS, registry=r)
         self._priority_labels: set[str] = set()
         self.kv_transfer = Histogram("kvgate_kv_transfer_seconds",
                                      "What a KV transfer added to its request: from the prefill's end to the "
@@ -192,7 +200,8 @@ class ServerMetrics:
             return
         observed = engine.drain_observations()
         for key, histogram in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e),
-                               ("step", self.step)):
+                               ("step", self.step), ("grammar_compile", self.grammar_compile),
+                               ("grammar_mask", self.grammar_mask)):
             for value in observed.get(key, ()):
                 histogram.observe(value)
         for priority, value in engine.drain_ttft_by_priority():

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from backend_engine.server.auth import require_api_key
 from backend_engine.server.state import ServerState
 from kvgate.protocol.errors import model_not_found
+from kvgate.protocol.features import ALL_FEATURES
 from kvgate.protocol.model_list import ModelCard, ModelList
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -16,7 +17,8 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 def _cards(state: ServerState) -> list[ModelCard]:
     engine = state.ready_engine()
     return [
-        ModelCard(id=name, created=state.created, root=engine.model_id, max_model_len=engine.max_model_len)
+        ModelCard(id=name, created=state.created, root=engine.model_id, max_model_len=engine.max_model_len,
+                  features=sorted(ALL_FEATURES))
         for name in state.served_model_names
     ]
 

@@ -19,3 +19,4 @@ class ServerSettings:
     retry_after_s: int = 1  # Retry-After on 503 (loading, draining, queue full)
     log_level: str = "info"  # uvicorn and engine logging
     kv_events_config: str | None = None  # vLLM's --kv-events-config JSON: publish KV events on ZMQ
+    tool_call_parser: str = "auto"  # "auto" (by the model's tokenizer) | "hermes" | "llama3_json" | "mistral"

@@ -14,6 +14,7 @@ from kvgate.protocol.errors import model_not_found, service_unavailable
 if TYPE_CHECKING:
     from backend_engine.async_engine import AsyncLLMEngine
     from backend_engine.server.settings import ServerSettings
+    from backend_engine.tool_parsers import ToolParser
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class ServerState:
         self._idle = asyncio.Event()
         self._idle.set()
         self.abort_in_flight = asyncio.Event()  # set when a drain's grace period is over
+        self._tool_parser: "ToolParser | None" = None
 
     async def load(self, engine_factory: Callable[[], "AsyncLLMEngine"]) -> None:
         """Build the engine in a worker thread (so /health answers 503 meanwhile), then start it."""
@@ -66,6 +68,15 @@ class ServerState:
         if self.phase in (DRAINING, STOPPED):
             raise service_unavailable("This replica is shutting down.", retry, "server_shutting_down")
         raise service_unavailable("The engine is not available.", None, "engine_unavailable")
+
+    @property
+    def tool_parser(self) -> "ToolParser":
+        """The parser for this model's tool calls (--tool-call-parser, or picked by its tokenizer)."""
+        if self._tool_parser is None:
+            from backend_engine.tool_parsers import parser_for
+
+            self._tool_parser = parser_for(self.settings.tool_call_parser, self.ready_engine().tokenizer)
+        return self._tool_parser
 
     def check_model(self, model: str | None) -> str:
         """The served name to answer with; 404 model_not_found for a name we do not serve."""

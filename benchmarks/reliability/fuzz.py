@@ -16,7 +16,7 @@ from benchmarks.reliability.load import is_openai_error
 from benchmarks.reliability.result import ScenarioResult
 
 # Operations that cost a replica real work get few examples; the rest are cheap.
-OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}",
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/v1/models/{model}",
                 "/v1/models/{model_id}", "/tokenize", "/detokenize")
 EXPENSIVE_FIELDS = {"max_tokens": 8, "max_completion_tokens": 8, "n": 1}
 

@@ -8,6 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 
 from kvgate.protocol.common import MAX_METADATA_PAIRS, MAX_TOP_LOGPROBS, SamplingFields, Usage
 from kvgate.protocol.errors import bad_request, unsupported
+from kvgate.protocol.structured import ResponseFormat, StructuredOutputs
+from kvgate.protocol.tools import (ChatTool, DeltaToolCall, FunctionDefinition, ToolCall,
+                                   ToolChoice, check_chat_tools, check_legacy_functions,
+                                   check_tools, choice_name, template_tool_calls)
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -50,13 +54,8 @@ class ChatMessage(BaseModel):
         for key in ("name", "tool_calls", "tool_call_id"):
             value = getattr(self, key)
             if value is not None:
-                out[key] = value
+                out[key] = template_tool_calls(value) if key == "tool_calls" else value
         return out
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-    type: Literal["text", "json_object", "json_schema"]
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -66,8 +65,9 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM extra
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -92,14 +92,12 @@ class ChatCompletionRequest(SamplingFields):
     def _check_chat(self) -> "ChatCompletionRequest":
         if self.top_logprobs is not None and self.top_logprobs > 0 and not self.logprobs:
             raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs", "invalid_value")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise unsupported("response_format", f"response_format type '{self.response_format.type}'")
-        if self.tool_choice not in (None, "none"):
-            raise unsupported("tool_choice", "Tool calling")
-        if self.tools and self.tool_choice is None:
-            raise unsupported("tools", "Tool calling (pass tool_choice='none' to send tools anyway)")
-        if self.functions or self.function_call not in (None, "none"):
-            raise unsupported("functions" if self.functions else "function_call", "Function calling")
+        check_tools(check_chat_tools(self.tools or []), choice_name(self.tool_choice))
+        check_legacy_functions(self.functions, self.function_call)
+        if self.response_format is not None and self.response_format.type != "text" \
+                and self.structured_outputs is not None:
+            raise bad_request("Give either 'response_format' or 'structured_outputs', not both.",
+                              "structured_outputs", "invalid_value")
         if self.modalities and any(m != "text" for m in self.modalities):
             raise unsupported("modalities", "Output modalities other than text")
         if self.audio is not None:
@@ -134,6 +132,19 @@ class ChatCompletionRequest(SamplingFields):
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template_dict(i) for i, m in enumerate(self.messages)]
 
+    @property
+    def tool_functions(self) -> list[FunctionDefinition]:
+        return [t.function for t in self.tools or [] if t.function is not None]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template reads them (None: no tools)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    @property
+    def tool_choice_name(self) -> str:
+        """"none" | "auto" | "required" | a function's name; OpenAI's default for the tools."""
+        return choice_name(self.tool_choice) or ("auto" if self.tools else "none")
+
 
 # ---- responses -----------------------------------------------------------------------------
 
@@ -157,7 +168,7 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -181,11 +192,13 @@ class ChatCompletion(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
-    @model_serializer(mode="plain")
-    def _drop_unset(self) -> dict[str, Any]:
-        # OpenAI sends `{"role":"assistant","content":""}`, then `{"content":"…"}`, then `{}`.
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler) -> dict[str, Any]:  # noqa: ANN001
+        # OpenAI sends `{"role":"assistant","content":""}`, then `{"content":"…"}` (or
+        # `{"tool_calls":[…]}`), then `{}`.
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChunkChoice(BaseModel):

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from kvgate.protocol.common import MAX_COMPLETION_LOGPROBS, SamplingFields, Usage
 from kvgate.protocol.errors import bad_request, unsupported
+from kvgate.protocol.structured import ResponseFormat, StructuredOutputs
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 
@@ -22,6 +23,8 @@ class CompletionRequest(SamplingFields):
     metadata: dict[str, str] | None = None
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     add_special_tokens: bool | None = True
+    response_format: ResponseFormat | None = None  # vLLM extra, as in chat
+    structured_outputs: StructuredOutputs | None = None  # vLLM extra
 
     @model_validator(mode="after")
     def _check_completion(self) -> "CompletionRequest":
@@ -29,6 +32,10 @@ class CompletionRequest(SamplingFields):
             raise unsupported("suffix", "suffix (insertion)")
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise unsupported("best_of", "best_of different from n")
+        if self.response_format is not None and self.response_format.type != "text" \
+                and self.structured_outputs is not None:
+            raise bad_request("Give either 'response_format' or 'structured_outputs', not both.",
+                              "structured_outputs", "invalid_value")
         prompts = self.prompt
         if isinstance(prompts, str):
             prompts = [prompts]

@@ -58,10 +58,15 @@ def test_body_not_an_object_is_400(http):
     ("messages", [], "messages"),
     ("temperature", 3.0, "temperature"),
     ("logit_bias", {"x": 1}, "logit_bias"),
-    ("response_format", {"type": "json_object"}, "response_format"),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "response_format"),
-    ("tools", [{"type": "function", "function": {"name": "f"}}], "tools"),
-    ("tool_choice", "auto", "tool_choice"),
+    ("response_format", {"type": "json_schema"}, "response_format.json_schema"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strang"}}},
+     "response_format.json_schema.schema.type"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}}},
+     "response_format.json_schema.schema"),  # the replica's grammar compiler refuses it
+    ("tools", [{"type": "function", "function": {"name": "bad name"}}], "tools[0].function.name"),
+    ("tool_choice", "required", "tool_choice"),
+    ("functions", [{"name": "f"}], "functions"),
 ])
 def test_invalid_field_is_400_naming_param(http, field, value, param):
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, field: value}

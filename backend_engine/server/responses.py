@@ -1,0 +1,173 @@
+"""`POST /v1/responses`: the Responses API over the chat path (the request becomes a chat
+completion: same template, tools, grammar and parser), answered as a `response` object or as
+its stream of events (created, output items and their deltas, completed)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+from starlette.requests import Request
+
+from backend_engine.outputs import RequestOutput
+from backend_engine.server.auth import require_api_key
+from backend_engine.server.chat import plan_tools, render_prompt, with_plan
+from backend_engine.server.generation import Started, merged
+from backend_engine.server.sampling import chat_sampling_params
+from backend_engine.server.serving import ResponseMeta, aborted_error, serve_generation
+from backend_engine.server.state import ServerState
+from backend_engine.server.tool_plan import ToolPlan, new_call_id
+from kvgate.protocol.parsing import parse_request
+from kvgate.protocol.response_objects import (EventWriter, FunctionCallItem, IncompleteDetails,
+                                              OutputMessage, OutputText, ResponseObject,
+                                              ResponseUsage)
+from kvgate.protocol.responses import ResponsesRequest
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    req = parse_request(ResponsesRequest, await request.body())
+    engine = state.ready_engine()
+    model = state.check_model(req.model)
+    chat = req.to_chat()
+    plan = plan_tools(state, chat, "text.format.schema")
+    if req.max_tool_calls is not None:
+        plan.max_calls = min(plan.max_calls or req.max_tool_calls, req.max_tool_calls)
+    prompt = render_prompt(engine, chat, "input")
+    params = with_plan(chat_sampling_params(chat), plan)
+    meta = ResponseMeta.new("resp", model, req.request_id or request.headers.get("x-request-id"))
+    view = _View(meta, req, plan)
+    return await serve_generation(
+        request, state, meta, [prompt], params, req.cache_salt, bool(req.stream),
+        view.stream, lambda outputs: view.final(outputs[0]), priority=req.priority or 0)
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+class _View:
+    """One request's outputs as a response object and as its events."""
+
+    def __init__(self, meta: ResponseMeta, req: ResponsesRequest, plan: ToolPlan):
+        self.meta, self.req, self.plan = meta, req, plan
+
+    def skeleton(self, status: str = "in_progress") -> ResponseObject:
+        req = self.req
+        fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) \
+            if req.text and req.text.format else {"type": "text"}
+        choice = req.tool_choice
+        return ResponseObject(
+            id=self.meta.id, created_at=self.meta.created, status=status, model=self.meta.model,
+            instructions=req.instructions, max_output_tokens=req.max_output_tokens,
+            parallel_tool_calls=req.parallel_tool_calls is not False, reasoning=req.reasoning,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, text={"format": fmt},
+            tool_choice=choice.model_dump() if hasattr(choice, "model_dump") else (choice or "auto"),
+            tools=[t.model_dump(exclude_none=True) for t in req.functions],
+            truncation=req.truncation or "disabled", user=req.user, metadata=req.metadata or {})
+
+    def finished(self, response: ResponseObject, out: RequestOutput) -> ResponseObject:
+        c = out.outputs[0]
+        response.usage = ResponseUsage.of(len(out.prompt_token_ids), len(c.token_ids),
+                                          out.num_cached_tokens)
+        response.status = "incomplete" if c.finish_reason == "length" else "completed"
+        if c.finish_reason == "length":
+            response.incomplete_details = IncompleteDetails(reason="max_output_tokens")
+        return response
+
+    def final(self, out: RequestOutput) -> ResponseObject:
+        c = out.outputs[0]
+        content, calls, _ = self.plan.answer(c.text, c.finish_reason)
+        status = "incomplete" if c.finish_reason == "length" else "completed"
+        response = self.skeleton()
+        if content:
+            response.output.append(OutputMessage(id=_item_id("msg"), status=status,
+                                                 content=[OutputText(text=content)]))
+        for call in calls:
+            response.output.append(FunctionCallItem(
+                id=_item_id("fc"), call_id=call.id, name=call.function.name,
+                arguments=call.function.arguments, status="completed"))
+        return self.finished(response, out)
+
+    async def stream(self, started: list[Started]) -> AsyncIterator[bytes]:
+        event = EventWriter()
+        response = self.skeleton()
+        yield event("response.created", response=response)
+        yield event("response.in_progress", response=response)
+        message: OutputMessage | None = None
+        tools = self.plan.stream()
+        num_calls = 0
+        async for _, out in merged(started):
+            c = out.outputs[0]
+            if c.finish_reason == "abort":
+                raise aborted_error()
+            final = c.finish_reason is not None
+            content, calls = c.delta_text, []
+            if tools is not None:
+                found = tools.feed(c.delta_text, final)
+                content, calls = found.content, self.plan.keep(found.calls, num_calls)
+            if content:
+                if message is None:
+                    message = OutputMessage(id=_item_id("msg"), status="in_progress")
+                    for frame in self._open_message(event, response, message):
+                        yield frame
+                message.content[0].text += content
+                yield event("response.output_text.delta", item_id=message.id,
+                            output_index=len(response.output) - 1, content_index=0,
+                            delta=content, logprobs=[])
+            for call in calls:
+                if message is not None:
+                    for frame in self._close_message(event, response, message, "completed"):
+                        yield frame
+                    message = None
+                num_calls += 1
+                for frame in self._function_call(event, response, call):
+                    yield frame
+            if final:
+                status = "incomplete" if c.finish_reason == "length" else "completed"
+                if message is not None:
+                    for frame in self._close_message(event, response, message, status):
+                        yield frame
+                self.finished(response, out)
+                yield event(f"response.{response.status}", response=response)
+
+    @staticmethod
+    def _open_message(event: EventWriter, response: ResponseObject, message: OutputMessage):
+        empty = OutputText(text="")
+        yield event("response.output_item.added", output_index=len(response.output), item=message)
+        message.content.append(empty)
+        response.output.append(message)
+        yield event("response.content_part.added", item_id=message.id,
+                    output_index=len(response.output) - 1, content_index=0, part=empty)
+
+    @staticmethod
+    def _close_message(event: EventWriter, response: ResponseObject, message: OutputMessage,
+                       status: str):
+        index = response.output.index(message)
+        part = message.content[0]
+        message.status = status
+        yield event("response.output_text.done", item_id=message.id, output_index=index,
+                    content_index=0, text=part.text, logprobs=[])
+        yield event("response.content_part.done", item_id=message.id, output_index=index,
+                    content_index=0, part=part)
+        yield event("response.output_item.done", output_index=index, item=message)
+
+    @staticmethod
+    def _function_call(event: EventWriter, response: ResponseObject, call):  # noqa: ANN001
+        item = FunctionCallItem(id=_item_id("fc"), call_id=new_call_id(), name=call.name,
+                                arguments="", status="in_progress")
+        index = len(response.output)
+        yield event("response.output_item.added", output_index=index, item=item)
+        response.output.append(item)
+        yield event("response.function_call_arguments.delta", item_id=item.id,
+                    output_index=index, delta=call.arguments)
+        item.arguments, item.status = call.arguments, "completed"
+        yield event("response.function_call_arguments.done", item_id=item.id,
+                    output_index=index, name=call.name, arguments=call.arguments)
+        yield event("response.output_item.done", output_index=index, item=item)

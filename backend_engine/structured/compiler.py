@@ -1,0 +1,167 @@
+"""Grammars from constraints, and their compilation against the tokenizer: off the step loop
+(a worker pool), cached by constraint (bounded, least recently used first out).
+
+Building the grammar (`grammar_of`) is fast and is how a request is validated at the edge;
+compiling it (the per-token tables, the slow part) runs on a worker thread — xgrammar releases
+the GIL there — so the step loop keeps running while a request waits for its grammar."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import xgrammar as xgr
+
+from backend_engine.errors import InvalidRequestError
+from backend_engine.structured.params import StructuredOutputsParams
+
+# Runs of whitespace the JSON grammars allow between tokens: enough for pretty-printed output,
+# bounded so that a model cannot loop on blank lines forever.
+MAX_JSON_WHITESPACE = 16
+log = logging.getLogger("kvgate.engine")
+_CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")
+
+
+def clean_error(exc: Exception) -> str:
+    """xgrammar's message without its C++ source location."""
+    return _CPP_PREFIX.sub("", str(exc).strip()).strip()
+
+
+# xgrammar (0.2.x) writes length-bounded JSON strings with this character class, which lets raw
+# control characters (a tab, U+0000...) into a string, where JSON forbids them; its unbounded
+# strings use the right class. Grammars with JSON in them are rewritten with the right one.
+_LOOSE_CHARS = '[^\\"\\\\\\r\\n]'
+_JSON_CHARS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
+
+
+# xgrammar's structural tags (the forced tool-call formats) take no whitespace bound: the JSON
+# inside them allows unbounded runs, on which a small model can loop until max_tokens. Those
+# runs are rewritten to the bound the JSON-schema grammars get.
+_ANY_WHITESPACE = "[ \\n\\r\\t]* "
+_WHITESPACE_RULE = "kvgate_whitespace"
+
+
+def tightened(grammar: xgr.Grammar, bound_whitespace: bool = False) -> xgr.Grammar:
+    """The grammar with JSON strings held to JSON's characters and, if asked, whitespace runs
+    bounded by MAX_JSON_WHITESPACE."""
+    text = str(grammar)
+    new = text.replace(_LOOSE_CHARS, _JSON_CHARS)
+    if bound_whitespace and _ANY_WHITESPACE in new:
+        new = (new.replace(_ANY_WHITESPACE, f"{_WHITESPACE_RULE}{{0, {MAX_JSON_WHITESPACE}}} ")
+               + f"\n{_WHITESPACE_RULE} ::= [ \\n\\r\\t]\n")
+    if new == text:
+        return grammar
+    try:
+        return xgr.Grammar.from_ebnf(new)
+    except RuntimeError:  # never seen: xgrammar prints grammars it can read back
+        log.warning("could not tighten the JSON in a grammar; using it as built")
+        return grammar
+
+
+def _schema_text(params: StructuredOutputsParams) -> str:
+    try:
+        json.loads(params.spec_text)
+    except ValueError as exc:
+        raise InvalidRequestError(f"Invalid JSON schema: not JSON ({exc})", param=params.param,
+                                  code="invalid_value") from None
+    return params.spec_text
+
+
+def grammar_of(params: StructuredOutputsParams) -> xgr.Grammar:
+    """The grammar of a constraint; InvalidRequestError (naming the field) if it has none."""
+    grammar = _build(params)
+    if params.kind not in _WITH_JSON:
+        return grammar
+    return tightened(grammar, bound_whitespace=params.kind == "structural_tag")
+
+
+_WITH_JSON = ("json", "json_object", "structural_tag")
+
+
+def _build(params: StructuredOutputsParams) -> xgr.Grammar:
+    kind = params.kind
+    try:
+        if kind == "json":
+            return xgr.Grammar.from_json_schema(_schema_text(params), any_whitespace=True,
+                                                max_whitespace_cnt=MAX_JSON_WHITESPACE,
+                                                strict_mode=True)
+        if kind == "json_object":
+            return xgr.Grammar.from_json_schema(json.dumps({"type": "object"}),
+                                                any_whitespace=True,
+                                                max_whitespace_cnt=MAX_JSON_WHITESPACE)
+        if kind == "regex":
+            return xgr.Grammar.from_regex(params.regex)
+        if kind == "structural_tag":
+            return xgr.Grammar.from_structural_tag(params.spec_text)
+        if kind == "choice":
+            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in params.choice)
+            return xgr.Grammar.from_ebnf(f"root ::= {alternatives}")
+        return xgr.Grammar.from_ebnf(params.grammar)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar",
+                "choice": "choice list", "json_object": "JSON grammar",
+                "structural_tag": "tool-call format (a function's parameters)"}[kind]
+        raise InvalidRequestError(f"Invalid {what}: {clean_error(exc)}", param=params.param,
+                                  code="invalid_value") from None
+    except RecursionError:
+        raise InvalidRequestError(f"The {kind} is nested too deeply", param=params.param,
+                                  code="invalid_value") from None
+
+
+class GrammarCompilerPool:
+    def __init__(self, tokenizer_info: Callable[[], xgr.TokenizerInfo], max_cached: int = 256,
+                 num_threads: int = 1, on_compiled: Callable[[float], None] | None = None):
+        self._tokenizer_info = tokenizer_info  # built lazily, on the worker (it takes ~0.5 s)
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="kvgate-grammar")
+        self._futures: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self._grammars: OrderedDict[tuple[str, str], xgr.Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_cached = max_cached
+        self.on_compiled = on_compiled
+
+    def grammar(self, params: StructuredOutputsParams) -> xgr.Grammar:
+        """grammar_of, remembered: a request is validated on arrival, then compiled."""
+        with self._lock:
+            grammar = self._grammars.get(params.key)
+            if grammar is not None:
+                self._grammars.move_to_end(params.key)
+                return grammar
+        grammar = grammar_of(params)  # outside the lock: it may take a while for large schemas
+        with self._lock:
+            self._grammars[params.key] = grammar
+            while len(self._grammars) > self.max_cached:
+                self._grammars.popitem(last=False)
+        return grammar
+
+    def submit(self, params: StructuredOutputsParams) -> Future:
+        """The compiled grammar (a future), from the cache or from a new compilation."""
+        with self._lock:
+            future = self._futures.get(params.key)
+            if future is not None and not (future.done() and future.exception() is not None):
+                self._futures.move_to_end(params.key)
+                return future
+            future = self._executor.submit(self._compile, params)
+            self._futures[params.key] = future
+            while len(self._futures) > self.max_cached:
+                self._futures.popitem(last=False)  # in-flight ones stay referenced by requests
+            return future
+
+    def _compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        if self._compiler is None:
+            self._compiler = xgr.GrammarCompiler(self._tokenizer_info(), max_threads=1,
+                                                 cache_enabled=False)
+        start = time.perf_counter()
+        compiled = self._compiler.compile_grammar(self.grammar(params))
+        if self.on_compiled is not None:
+            self.on_compiled(time.perf_counter() - start)
+        return compiled
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
