@@ -18,6 +18,8 @@ class EngineConfig:
     quantization_group_size: int = 32  # int4 at load: input features per scale/min (32/64/128)
     device: str = "cpu"  # "cpu" | "cuda"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
+    compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"
+    #   (on CPU for K/V of at least model_runner.COMPILE_MIN_KV_BYTES a token and layer) | "on" | "off"
     block_size: int = 16  # tokens per KV block (a power of two); gateways must use the same
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0  # KV pool size in GiB when num_kv_blocks is None
@@ -97,3 +99,5 @@ class EngineConfig:
                              "kv_transfer_chunk_bytes must be positive, kv_transfer_port a port")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.compile_attention not in ("auto", "on", "off"):
+            raise ValueError("compile_attention must be auto, on or off")

@@ -4,6 +4,8 @@ Under tensor parallelism every rank runs one, on its shard, from the same StepBa
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import torch
 from backend_engine.attention.backend import get_attention_backend
 from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
                                                build_kernel_metadata)
+from backend_engine.attention.torch_backend import TorchAttention
 from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout, shard_state_dict
@@ -23,6 +26,10 @@ from backend_engine.spec_decode.rejection import verify_greedy, verify_sampled
 from backend_engine.step_batch import StepBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Decode attention is compiled by default for K + V of at least this many bytes per token and
+# layer: any real model (SmolLM2-135M: 768 in bf16, 1,536 in fp32), never the tiny test models.
+COMPILE_MIN_KV_BYTES = 512
+log = logging.getLogger("kvgate.engine")
 
 
 @dataclass(slots=True)
@@ -66,6 +73,21 @@ class ModelRunner:
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(self.model.num_layers)]
         self.sampler = Sampler(config.seed)
+        self._compile_attention(config.compile_attention)
+
+    def _compile_attention(self, mode: str) -> None:
+        """Compiled decode attention for the torch backend (compiled_decode.py): where asked,
+        or by default on CPU for models whose K/V are large enough that reading them is the
+        step's cost (tiny test models never compile)."""
+        if not isinstance(self.attention, TorchAttention) or mode == "off":
+            return
+        k_cache, v_cache = self.kv_caches[0]
+        kv_bytes = 2 * k_cache[0, 0].numel() * k_cache.element_size()
+        if mode == "auto" and (self.device.type != "cpu" or kv_bytes < COMPILE_MIN_KV_BYTES):
+            return
+        started = time.perf_counter()
+        if self.attention.use_compiled_decode(k_cache, v_cache, self.model.num_heads):
+            log.info("decode attention compiled in %.1f s", time.perf_counter() - started)
 
     def check_health(self) -> None:
         """One process: nothing to watch (a tensor-parallel executor raises for a dead rank)."""

@@ -6,7 +6,9 @@ and splits the rest into attention and everything else.
     python -m benchmarks.mixed_step                    # fp32, the machine's threads
     python -m benchmarks.mixed_step --dtype bfloat16 --threads 1
 
-Last line JSON: step_ms, matmul_ms, attention_ms, step_over_matmul (target <= 1.5)."""
+Attention is timed as the engine runs it (compiled decode by default on CPU) and eager beside it.
+Last line JSON: step_ms, matmul_ms, attention_ms, eager_attention_ms, step_over_matmul (target
+<= 1.5)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ import json
 import random
 import time
 
+from collections.abc import Callable
+
 import torch
 
 from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
+from backend_engine.attention.torch_backend import TorchAttention
 from backend_engine.config import EngineConfig
 from backend_engine.model_loader import resolve_model
 from backend_engine.model_runner import ModelRunner
@@ -70,11 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=256, help="prefill chunk tokens")
     p.add_argument("--cached", type=int, default=768, help="cached prefix before the chunk")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--compile-attention", default="auto", choices=["auto", "on", "off"],
+                   help="the engine's setting; the eager decode attention is timed beside it")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     lo, hi = (int(x) for x in args.context.split(","))
-    config = EngineConfig(dtype=args.dtype, num_kv_blocks=args.decodes * (hi // 16 + 2) + 200)
+    config = EngineConfig(dtype=args.dtype, num_kv_blocks=args.decodes * (hi // 16 + 2) + 200,
+                          compile_attention=args.compile_attention)
     files = resolve_model(config.model)
     from transformers import AutoConfig
 
@@ -110,18 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     q = torch.randn(rows, model.num_heads, model.head_dim, dtype=runner.dtype)
     k_cache, v_cache = runner.kv_caches[0]
 
-    @torch.inference_mode()
-    def attention() -> None:
-        meta.scratch.clear()
-        for _ in model.layers:
-            model.attention.forward(q, k_cache, v_cache, meta, model.scale)
+    def attention_of(backend) -> Callable[[], None]:
+        @torch.inference_mode()
+        def attention() -> None:
+            meta.scratch.clear()
+            for _ in model.layers:
+                backend.forward(q, k_cache, v_cache, meta, model.scale)
+        return attention
 
     step_s = best_of(step, args.repeats)
     matmul_s = best_of(matmuls, args.repeats)
-    attention_s = best_of(attention, args.repeats)
+    attention_s = best_of(attention_of(model.attention), args.repeats)
+    eager_s = best_of(attention_of(TorchAttention()), args.repeats)
     kv_bytes = 2 * context * model.num_kv_heads * model.head_dim * k_cache.element_size()
     result = {"step_ms": round(step_s * 1e3, 1), "matmul_ms": round(matmul_s * 1e3, 1),
               "attention_ms": round(attention_s * 1e3, 1),
+              "compiled_attention": getattr(model.attention, "compiled", None) is not None,
+              "eager_attention_ms": round(eager_s * 1e3, 1),
               "other_ms": round((step_s - matmul_s - attention_s) * 1e3, 1),
               "step_over_matmul": round(step_s / matmul_s, 3),
               "decode_kv_gb_per_s": round(kv_bytes * model.num_layers / attention_s / 1e9, 2),
@@ -130,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"step {result['step_ms']} ms = matmuls {result['matmul_ms']} + attention "
           f"{result['attention_ms']} + other {result['other_ms']}  ({rows} rows, "
           f"{args.decodes} decodes over {context} context tokens, a {args.chunk}-token chunk "
-          f"after {args.cached})")
+          f"after {args.cached}); eager decode attention {result['eager_attention_ms']} ms")
     print(json.dumps(result))
     return 0
 

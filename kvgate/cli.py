@@ -60,6 +60,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
                    help="auto: Triton kernels on CUDA, torch elsewhere")
+    p.add_argument("--compile-attention", default="auto", choices=["auto", "on", "off"],
+                   help="torch decode attention compiled by torch.compile, reading K/V in place "
+                        "(auto: on CPU for real models; compiles once at start-up)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="processes (one per device: gloo on CPU, NCCL on CUDA) one replica spans")
     spec = p.add_argument_group("speculative decoding")
@@ -121,7 +124,7 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         scheduling_policy=args.scheduling_policy,
         seed=args.seed,
         num_threads=args.num_threads,
-        attention_backend=args.attention_backend,
+        attention_backend=args.attention_backend, compile_attention=args.compile_attention,
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens,
         ngram_min=args.ngram_min,

@@ -14,12 +14,12 @@ MIXED = [1, 15, 16, 17, 300, 31, 33, 64, 1000, 65, 100, 999]
 
 
 def _check(context_lens, num_decodes, query_lens, dtype=torch.float32, atol=2e-5, heads=9,
-           kv_heads=3, block_size=16):
+           kv_heads=3, block_size=16, attention=None):
     batch = random_paged_batch(context_lens, kv_heads, 64, block_size, dtype, "cpu", seed=3)
     rows = num_decodes + sum(query_lens)
     query = torch.randn(rows, heads, 64, generator=torch.Generator().manual_seed(4)).to(dtype)
     meta = step_metadata(batch, num_decodes, query_lens, block_size)
-    out = TorchAttention().forward(query, batch.k_cache, batch.v_cache, meta, 0.125)
+    out = (attention or TorchAttention()).forward(query, batch.k_cache, batch.v_cache, meta, 0.125)
     expected = naive_attention(query, batch, num_decodes, query_lens, 0.125)
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=atol)
 
@@ -74,3 +74,67 @@ def test_an_unpadded_batch_in_order_is_one_group_without_mask():
     found = decode_groups(tables, torch.tensor([48, 48]), 16, 1536, torch.device("cpu"),
                           torch.float32)
     assert len(found) == 1 and found[0].rows is None and found[0].bias is None
+
+
+@pytest.fixture(scope="module")
+def compiled_attention():
+    """TorchAttention with the compiled decode kernel (compiled once for the module's shapes)."""
+    attention = TorchAttention()
+    cache = torch.zeros(64, 16, 3, 64)
+    assert attention.use_compiled_decode(cache, cache, 9), "compiled decode failed here"
+    return attention
+
+
+@pytest.mark.parametrize("lens", [MIXED, [1], [5, 700], [16] * 16, [2000, 3, 16, 17] * 5])
+def test_compiled_decode_matches_the_written_out_attention(compiled_attention, lens):
+    # one row, one block: padded to two of each (no 0/1 specialisation); equal sizes (16 rows
+    # of 16 tokens in blocks of 16) would be unified by a duck-sized compile, never here
+    _check(lens, len(lens), [], attention=compiled_attention)
+    _check(lens + [40], len(lens), [9], attention=compiled_attention)  # with a prefill chunk
+    assert compiled_attention.compiled is not None
+
+
+def test_compiled_decode_in_bfloat16(compiled_attention):
+    attention = TorchAttention()
+    cache = torch.zeros(64, 16, 3, 64, dtype=torch.bfloat16)
+    assert attention.use_compiled_decode(cache, cache, 9)
+    _check(MIXED, len(MIXED), [], dtype=torch.bfloat16, atol=3e-2, attention=attention)
+
+
+def test_compiled_decode_never_recompiles_across_batch_shapes(compiled_attention):
+    from torch._dynamo.utils import counters
+
+    _check([30, 9], 2, [], attention=compiled_attention)  # compiled for these shapes by now
+    before = sum(counters["stats"].values())
+    for lens in ([3, 900, 17], [64] * 40, [1], [16, 16], [200] * 7 + [5]):
+        _check(lens, len(lens), [], attention=compiled_attention)
+    assert sum(counters["stats"].values()) == before
+
+
+def test_a_kernel_that_cannot_compile_leaves_eager_decode(monkeypatch):
+    from backend_engine.attention import compiled_decode
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    attention = TorchAttention()
+    cache = torch.zeros(8, 16, 3, 64)
+    monkeypatch.setattr(compiled_decode, "_paged_decode", broken)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    assert not attention.use_compiled_decode(cache, cache, 9)
+    assert attention.compiled is None
+    _check(MIXED, len(MIXED), [], attention=attention)
+
+
+def test_an_engine_with_compiled_decode_answers_as_the_eager_one():
+    from backend_engine.llm import LLM
+    from backend_engine.sampling_params import SamplingParams
+
+    prompts = ["a long way " * 40, "short", "x y z " * 90]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    answers = []
+    for mode in ("off", "on"):
+        llm = LLM("tiny-random", num_kv_blocks=128, compile_attention=mode)
+        assert (llm.engine.runner.attention.compiled is not None) == (mode == "on")
+        answers.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+    assert answers[0] == answers[1]
