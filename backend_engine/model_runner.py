@@ -86,7 +86,8 @@ class ModelRunner:
         if mode == "auto" and (self.device.type != "cpu" or kv_bytes < COMPILE_MIN_KV_BYTES):
             return
         started = time.perf_counter()
-        if self.attention.use_compiled_decode(k_cache, v_cache, self.model.num_heads):
+        if self.attention.use_compiled_decode(k_cache, v_cache, self.model.num_heads,
+                                              self.model.scale):
             log.info("decode attention compiled in %.1f s", time.perf_counter() - started)
 
     def check_health(self) -> None:

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return eager.forward(query, k_cache, v_cache, meta, SCALE)
 
     compiled = TorchAttention()
-    if not compiled.use_compiled_decode(k_cache, v_cache, HEADS):
+    if not compiled.use_compiled_decode(k_cache, v_cache, HEADS, SCALE):
         raise SystemExit("torch.compile failed here (a C++ compiler is needed)")
 
     def run_compiled() -> torch.Tensor:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import types
 
 import torch
 from torch.fx.experimental import _config as fx_config
@@ -44,11 +45,19 @@ def _paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.reshape(batch, heads, head_dim).to(query.dtype)
 
 
+def _own_copy(fn: types.FunctionType) -> types.FunctionType:
+    """fn with a code object of its own: Dynamo keeps compiled entries (and counts recompiles
+    against its limit) per code object, and one process may run many engines (tests do), each
+    with its own dtype, heads and scale."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+
+
 class CompiledDecode:
     """The compiled function and whether it works here; one per engine (one engine thread)."""
 
     def __init__(self) -> None:
-        self._fn = torch.compile(_paged_decode, dynamic=False, fullgraph=True)
+        self._fn = torch.compile(_own_copy(_paged_decode), dynamic=False, fullgraph=True)
         self.failed = False
         self._lock = threading.Lock()
 
@@ -78,11 +87,15 @@ class CompiledDecode:
             return None
         return out[:batch] if pad_rows else out
 
-    def warm_up(self, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> bool:
-        """Compile now (start-up) rather than in a step. True if it works."""
+    def warm_up(self, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int,
+                scale: float) -> bool:
+        """Compile now (start-up) rather than in a step, for the engine's own scale (a constant
+        of the compiled code). True if it works."""
         rows, blocks = 3, 5
-        block_tables = torch.zeros(rows, blocks, dtype=torch.long, device=k_cache.device)
-        context_lens = torch.full((rows,), blocks * k_cache.shape[1] - 1, device=k_cache.device)
-        query = torch.zeros(rows, heads, k_cache.shape[-1], dtype=k_cache.dtype,
-                            device=k_cache.device)
-        return self(query, k_cache, v_cache, block_tables, context_lens, 1.0) is not None
+        with torch.inference_mode():  # inference tensors, as in the engine's steps
+            block_tables = torch.zeros(rows, blocks, dtype=torch.long, device=k_cache.device)
+            context_lens = torch.full((rows,), blocks * k_cache.shape[1] - 1,
+                                      device=k_cache.device)
+            query = torch.zeros(rows, heads, k_cache.shape[-1], dtype=k_cache.dtype,
+                                device=k_cache.device)
+            return self(query, k_cache, v_cache, block_tables, context_lens, scale) is not None

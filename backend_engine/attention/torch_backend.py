@@ -30,12 +30,12 @@ class TorchAttention:
     def __init__(self) -> None:
         self.compiled: CompiledDecode | None = None
 
-    def use_compiled_decode(self, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            heads: int) -> bool:
+    def use_compiled_decode(self, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int,
+                            scale: float) -> bool:
         """Compile the paged decode kernel now (start-up); False, and eager decode, if it
         cannot be compiled here."""
         compiled = CompiledDecode()
-        if compiled.warm_up(k_cache, v_cache, heads):
+        if compiled.warm_up(k_cache, v_cache, heads, scale):
             self.compiled = compiled
         return self.compiled is not None
 

@@ -81,7 +81,7 @@ def compiled_attention():
     """TorchAttention with the compiled decode kernel (compiled once for the module's shapes)."""
     attention = TorchAttention()
     cache = torch.zeros(64, 16, 3, 64)
-    assert attention.use_compiled_decode(cache, cache, 9), "compiled decode failed here"
+    assert attention.use_compiled_decode(cache, cache, 9, 0.125), "compiled decode failed here"
     return attention
 
 
@@ -97,7 +97,7 @@ def test_compiled_decode_matches_the_written_out_attention(compiled_attention, l
 def test_compiled_decode_in_bfloat16(compiled_attention):
     attention = TorchAttention()
     cache = torch.zeros(64, 16, 3, 64, dtype=torch.bfloat16)
-    assert attention.use_compiled_decode(cache, cache, 9)
+    assert attention.use_compiled_decode(cache, cache, 9, 0.125)
     _check(MIXED, len(MIXED), [], dtype=torch.bfloat16, atol=3e-2, attention=attention)
 
 
@@ -121,7 +121,7 @@ def test_a_kernel_that_cannot_compile_leaves_eager_decode(monkeypatch):
     cache = torch.zeros(8, 16, 3, 64)
     monkeypatch.setattr(compiled_decode, "_paged_decode", broken)
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
-    assert not attention.use_compiled_decode(cache, cache, 9)
+    assert not attention.use_compiled_decode(cache, cache, 9, 0.125)
     assert attention.compiled is None
     _check(MIXED, len(MIXED), [], attention=attention)
 
@@ -132,9 +132,14 @@ def test_an_engine_with_compiled_decode_answers_as_the_eager_one():
 
     prompts = ["a long way " * 40, "short", "x y z " * 90]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    from torch._dynamo.utils import counters
+
     answers = []
     for mode in ("off", "on"):
+        before = counters["stats"]["unique_graphs"]
         llm = LLM("tiny-random", num_kv_blocks=128, compile_attention=mode)
         assert (llm.engine.runner.attention.compiled is not None) == (mode == "on")
         answers.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+        # compiled once, at start-up: no step recompiles it
+        assert counters["stats"]["unique_graphs"] - before == (mode == "on")
     assert answers[0] == answers[1]
