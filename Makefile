@@ -10,16 +10,16 @@ TORCH := torch==2.13.0
 
 setup: system-deps $(STAMP)
 
-# Debian packages the tests use: redis-server (shared routing state), chromium (the dashboard
-# test drives it headless through Playwright). Installed when we can (root with apt), otherwise
-# named so the user can install them.
-SYSTEM_PKGS := redis-server chromium
+# Debian packages: redis-server (shared routing state), chromium (the dashboard test drives it
+# headless through Playwright), g++ (torch.compile's CPU code: the compiled decode attention).
+# Installed when we can (root with apt), otherwise named so the user can install them.
+SYSTEM_PKGS := redis-server chromium g++
 system-deps:
 	@missing=""; for p in $(SYSTEM_PKGS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
-	  else echo "kvgate: please install:$$missing (needed by the Redis and dashboard tests)"; fi; fi
+	  else echo "kvgate: please install:$$missing (the Redis and dashboard tests, compiled attention)"; fi; fi
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -21,19 +21,14 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from backend_engine.attention.compiled_decode import CompiledDecode
 from backend_engine.attention.metadata import AttentionMetadata
 from backend_engine.attention.torch_backend import TorchAttention
+from benchmarks.mixed_step import best_of
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 SCALE = HEAD_DIM ** -0.5
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+    return best_of(fn, repeats) * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,3 +25,24 @@ def tiny_llm(quantization):
 
     return LLM("tiny-random", num_kv_blocks=256, max_num_batched_tokens=256,
                quantization=quantization)
+
+
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _exit_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """After the Triton-interpreter tests, triton's nanobind bindings print hundreds of "leaked
+    instance/type/function" lines while the interpreter shuts down (their leak check runs at
+    module teardown and cannot be switched off from Python). Once pytest has reported
+    everything, leave without that teardown, with pytest's own exit status."""
+    import sys
+
+    if "triton" in sys.modules and _exit_status:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[-1])

@@ -4,13 +4,15 @@ Written as plain indexing (`k_cache[block_tables]`), the gather would copy each 
 out of the pool; compiled, Inductor fuses the block-table lookup into the score and value
 reductions, so K and V are read once, in place, from their blocks. On the 2-core EPYC this
 project runs on, one layer of 64 decodes at 500-2,000 tokens of context (SmolLM2-135M) takes
-~23 ms compiled against 51-75 ms for the grouped eager path (torch_backend.py), in fp32 and bf16.
+~23 ms compiled against ~40 ms for the grouped eager path (torch_backend.py);
+`python -m benchmarks.decode_attention` measures it.
 
 Shapes are dynamic in the rows and blocks of a call and in the pool's blocks (marked, not
 guessed, and without duck sizing), and padded to at least two rows and blocks, so that the 0/1
-specialisation never recompiles; the first call (or
-`warm_up`, at start-up) compiles once, ~10 s, cached on disk by Inductor for later starts. Any
-failure to compile (no C++ compiler) leaves the eager path in charge, with one warning.
+specialisation never recompiles. `warm_up` compiles at start-up with the engine's own scale
+and inference tensors (both are guarded), ~10 s the first time and ~4 s from Inductor's disk
+cache. Any failure to compile (no C++ compiler) leaves the eager path in charge, with one
+warning.
 """
 
 from __future__ import annotations

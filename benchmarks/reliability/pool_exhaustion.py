@@ -17,10 +17,11 @@ POOL_BLOCKS = 24  # 384 tokens of KV: room to start three of the requests below,
 
 def pool_spec() -> ClusterSpec:
     """One replica with a tiny pool behind one gateway."""
-    # no step budget: it would start only what keeps decodes inside its ITL target, and this
-    # scenario is about what happens when more is admitted than the pool holds
+    # no step budget and no admission bound: they would start only what keeps decodes inside
+    # the ITL target and hold the rest at the gateway, and this scenario is about what happens
+    # when more is admitted than the pool holds
     return ClusterSpec(replicas=1, gateways=1, redis=False, num_kv_blocks=POOL_BLOCKS, max_num_seqs=16,
-                       engine={"target_itl_ms": 0})
+                       engine={"target_itl_ms": 0, "max_queue_delay_s": 0})
 
 
 def _prompt(i: int, words: int = 60) -> str:
