@@ -12,7 +12,6 @@ a sender that died never leaves blocks reserved."""
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import socket
 import threading
@@ -24,6 +23,7 @@ import zmq
 from backend_engine.kv_transfer import wire
 from backend_engine.kv_transfer.base import KVReceiver, ReceiverEvents, Reservation
 from backend_engine.kv_transfer.block_io import BlockIO
+from backend_engine.kv_transfer.wake_pipe import WakePipe
 
 log = logging.getLogger("kvgate.kv_transfer")
 
@@ -71,8 +71,7 @@ class TcpKVReceiver(KVReceiver):
         self.port = port
         self._address = advertise or f"tcp://{_reachable(host)}:{port}"
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._wake = WakePipe()
         self._transfers: dict[str, _In] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="kvgate-kv-receiver", daemon=True)
@@ -94,21 +93,18 @@ class TcpKVReceiver(KVReceiver):
     def _notify(self, item: tuple) -> None:
         """From the engine thread: a reservation or completion is ready."""
         self._replies.put(item)
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass
+        self._wake.wake()
 
     # -- the receiver thread -----------------------------------------------------------------
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._wake.fd, zmq.POLLIN)
         try:
             while not self._stopping:
                 for sock, _ in poller.poll(100 if self._transfers else 500):
-                    if sock == self._wake_r:
-                        self._drain_wake()
+                    if sock == self._wake.fd:
+                        self._wake.drain()
                     else:
                         self._read_requests()
                 self._apply_replies()
@@ -120,15 +116,7 @@ class TcpKVReceiver(KVReceiver):
                 self._fail(entry, "the receiver stopped", "aborted", tell_peer=False)
             self._sock.close(linger=0)
             self._ctx.term()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
+            self._wake.close()
 
     def _read_requests(self) -> None:
         while True:

@@ -10,7 +10,6 @@ receiver from timing out."""
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -22,6 +21,7 @@ import zmq
 from backend_engine.kv_transfer import wire
 from backend_engine.kv_transfer.base import KVSender, SenderEvents, SendSpec, TransferResult
 from backend_engine.kv_transfer.block_io import BlockIO
+from backend_engine.kv_transfer.wake_pipe import WakePipe
 
 log = logging.getLogger("kvgate.kv_transfer")
 
@@ -58,11 +58,10 @@ class TcpKVSender(KVSender):
         self.chunk_blocks = max(1, chunk_bytes // io.layout.block_bytes)
         self._ctx = zmq.Context()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._wake = WakePipe()
         self._sockets: dict[str, zmq.Socket] = {}
         self._poller = zmq.Poller()
-        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._poller.register(self._wake.fd, zmq.POLLIN)
         self._transfers: dict[str, _Out] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="kvgate-kv-sender", daemon=True)
@@ -92,18 +91,15 @@ class TcpKVSender(KVSender):
 
     def _put(self, command: tuple) -> None:
         self._commands.put(command)
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:  # the pipe is full: the thread is awake anyway
-            pass
+        self._wake.wake()
 
     # -- the sender thread -------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while not self._stopping:
                 for sock, _ in self._poller.poll(self._poll_ms()):
-                    if sock == self._wake_r:
-                        self._drain_wake()
+                    if sock == self._wake.fd:
+                        self._wake.drain()
                     else:
                         self._read_replies(sock)
                 self._apply_commands()
@@ -119,18 +115,10 @@ class TcpKVSender(KVSender):
             for sock in self._sockets.values():
                 sock.close(linger=0)
             self._ctx.term()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self._wake.close()
 
     def _poll_ms(self) -> int:
         return 50 if self._transfers else 500
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
 
     def _apply_commands(self) -> None:
         while True:
