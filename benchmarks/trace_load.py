@@ -102,6 +102,8 @@ def headline(kv: ServerFigures | None, ll: ServerFigures | None, requests: int) 
     out: dict = {"requests": requests,
                  "kvgate_finished": kv.finished if kv else None,
                  "llamacpp_finished": ll.finished if ll else None}
+    out["kvgate_goodput"] = kv.goodput if kv else None
+    out["llamacpp_goodput"] = ll.goodput if ll else None  # the ratio is null when this is 0
     if kv and ll:
         out.update(goodput_vs_llamacpp=ratio(kv.goodput, ll.goodput),
                    out_tok_s_vs_llamacpp=ratio(kv.out_tok_s, ll.out_tok_s),

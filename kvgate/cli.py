@@ -37,7 +37,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=None, help="waiting-queue limit; beyond it requests get 503")
     load = p.add_argument_group("scheduling under load")
     load.add_argument("--target-itl-ms", type=float, default=None,
-                      help="inter-token latency each step's prefill budget is sized for (default: 150 on CPU, "
+                      help="inter-token latency each step's prefill budget is sized for (default: 250 on CPU, "
                            "40 on CUDA; 0: a fixed --max-num-batched-tokens budget, no ITL target)")
     load.add_argument("--min-prefill-tokens", type=int, default=32,
                       help="prefill tokens a step carries at the least, so new requests progress")
