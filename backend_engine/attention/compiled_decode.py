@@ -18,7 +18,6 @@ warning.
 from __future__ import annotations
 
 import logging
-import threading
 import types
 
 import torch
@@ -61,7 +60,6 @@ class CompiledDecode:
     def __init__(self) -> None:
         self._fn = torch.compile(_own_copy(_paged_decode), dynamic=False, fullgraph=True)
         self.failed = False
-        self._lock = threading.Lock()
 
     def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, context_lens: torch.Tensor,
@@ -80,7 +78,7 @@ class CompiledDecode:
         torch._dynamo.mark_dynamic(block_tables, 1)
         try:
             # no duck sizing: sizes equal at compile time are not taken for one symbol
-            with self._lock, fx_config.patch(use_duck_shape=False):
+            with fx_config.patch(use_duck_shape=False):
                 out = self._fn(query, k_cache, v_cache, block_tables, context_lens, float(scale))
         except Exception as exc:  # noqa: BLE001 - Inductor raises many kinds; eager always works
             self.failed = True

@@ -15,13 +15,8 @@ def _row(**kw) -> SamplingRow:
 
 
 def _dense_reference(sampler, logits, rows):
-    temps = torch.tensor([max(r.params.temperature, 1e-5) for r in rows])
-    probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
-    min_p = [r.params.min_p for r in rows]
-    if any(min_p):
-        threshold = torch.tensor(min_p).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < threshold, 0.0)
-    return sampler._filtered_dense(probs, rows)[0]
+    """The full-sort path over the same tempered probabilities."""
+    return sampler._filtered_dense(sampler._tempered(logits, rows), rows)[0]
 
 
 @pytest.mark.parametrize("peak", [0.3, 3.0, 12.0])  # flat (nucleus beyond the guess) to peaked
