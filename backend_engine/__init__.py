@@ -2,7 +2,14 @@
 
 import os
 
-# OpenMP threads that spin at barriers collapse (25x slower steps, measured) when another
-# process holds a core; sleeping waiters cost a little and never collapse. Must be set before
-# torch loads libgomp, and importing this package comes first.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# How long an idle OpenMP worker spins before it sleeps (libgomp reads this when torch loads
+# it, and importing this package comes first). A decode step is hundreds of small parallel
+# regions, each of which wakes the workers: sleeping workers (OMP_WAIT_POLICY=PASSIVE) made a
+# SmolLM2 int4 step at c=1 1.6x slower than spinning ones, while long spins (libgomp's default,
+# 300,000) collapse 2-10x when another process holds a core, since a spinning worker then eats
+# the time slice of the thread it waits for. A short spin keeps most of the first and bounds
+# the second (measured on 2 cores: docs/engine/quantization.md, "OpenMP waiters"). An explicit
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is: a replica with cores of its own can spin
+# longer (GOMP_SPINCOUNT=300000, libgomp's default), a crowded machine can sleep.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "1000"

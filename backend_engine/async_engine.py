@@ -1,6 +1,13 @@
 """The async engine: an engine thread runs the step loop; callers on the event loop add
 requests and read their incremental outputs from per-request queues. Torch releases the GIL
-during the forward pass, so the event loop stays responsive while the engine computes."""
+during the forward pass, so the event loop stays responsive while the engine computes.
+
+The engine thread also builds the engine (loads, quantises, calibrates, compiles), so every
+parallel torch op of the replica runs on that one thread. OpenMP (libgomp) gives each thread
+that enters a parallel region its own team of workers, and once it manages more threads than
+there are CPUs it stops spinning between regions and sleeps instead: a model loaded on one
+thread and run on another made a c=1 decode step 1.6x slower on 2 cores (36 against 22 ms,
+SmolLM2 int4), every small op paying a futex wake-up."""
 
 from __future__ import annotations
 
@@ -27,13 +34,25 @@ _IDLE_WAIT_S = 0.05
 
 class AsyncLLMEngine:
     def __init__(self, config: EngineConfig):
-        self.engine = LLMEngine(config)
+        """Builds the engine on its own thread and waits for it; the step loop starts with
+        `start()`. Raises what building raised (e.g. ModelLoadError)."""
         self.config = config
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._thread: threading.Thread | None = None
         self._stopping = False
+        self._go = threading.Event()  # set by start() (or shutdown()): run the step loop
+        built: list = []  # the engine, or what building it raised
+        ready = threading.Event()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._main, args=(built, ready), name="kvgate-engine", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if isinstance(built[0], BaseException):
+            self._thread.join()
+            self._thread = None
+            raise built[0]
+        self.engine: LLMEngine = built[0]
         self.dead: BaseException | None = None
         self._event_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self._waiters_lock = threading.Lock()
@@ -81,13 +100,12 @@ class AsyncLLMEngine:
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="kvgate-engine", daemon=True)
-            self._thread.start()
+        self._go.set()
 
     async def shutdown(self) -> None:
         self._stopping = True
         self._wake.set()
+        self._go.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
             self._thread = None
@@ -95,7 +113,8 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.dead is None
+        return (self._go.is_set() and self._thread is not None and self._thread.is_alive()
+                and self.dead is None)
 
     # -- requests ------------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -217,6 +236,17 @@ class AsyncLLMEngine:
         return self._load["waiting"] + self._queued()
 
     # -- engine thread -------------------------------------------------------------------------
+    def _main(self, built: list, ready: threading.Event) -> None:
+        try:
+            built.append(LLMEngine(self.config))
+        except BaseException as exc:  # raised again by __init__, on the caller's thread
+            built.append(exc)
+            return
+        finally:
+            ready.set()
+        self._go.wait()
+        self._run()
+
     def _run(self) -> None:
         try:
             while not self._stopping:

@@ -1,6 +1,3 @@
 """Reproducible benchmarks; each ends with one line of JSON."""
 
-import os
-
-# See backend_engine/__init__.py: spinning OpenMP waiters collapse on a shared machine.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import backend_engine  # noqa: F401 - sets the OpenMP wait policy before torch loads libgomp

@@ -9,7 +9,9 @@ Each server runs alone (one kvgate replica through `kvgate up --gateways 0`, or 
 - weight MB: what the replica's model holds (the GGUF's size for llama.cpp).
 Prompts are distinct ~110-token windows of the evaluation text (no prefix-cache hits), outputs
 128 tokens (ignore_eos). kvgate's quantised rows run with --dtype bfloat16 (the CPU kernels'
-activation dtype). Ends with one line of JSON with int4_c1_vs_llamacpp and int4_c16_vs_llamacpp.
+activation dtype). Both servers run their OpenMP workers with libgomp's default spin (each has
+the cores to itself; `--omp-spin-count` changes kvgate's). Ends with one line of JSON with
+int4_c1_vs_llamacpp and int4_c16_vs_llamacpp.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import time
 
 import httpx
@@ -99,6 +102,8 @@ def kvgate_row(name: str, flags: dict, args, say) -> dict:
     # no admission bound: a shared, loaded machine must slow the run down, not refuse it
     engine = {"dtype": flags["dtype"], "max_num_seqs": 32, "num_kv_blocks": 2048,
               "max_queue_delay_s": 3600}
+    # each server has the cores to itself: kvgate's workers spin as long as llama-server's
+    os.environ["GOMP_SPINCOUNT"] = str(args.omp_spin_count)
     config = UpConfig(model="default", replicas=1, gateways=0, num_threads=args.threads,
                       quantization=flags.get("quantization"), engine=engine,
                       log_level="warning", health_timeout_s=900.0)
@@ -129,6 +134,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--prefill-requests", type=int, default=3)
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--omp-spin-count", type=int, default=300000,
+                    help="GOMP_SPINCOUNT of the kvgate replicas (default: libgomp's own, which "
+                         "llama-server runs with; kvgate's default is 1000)")
     args = ap.parse_args()
 
     def say(message: str) -> None:

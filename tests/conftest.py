@@ -3,7 +3,9 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see backend_engine/__init__.py
+# the suite runs servers beside the test process (more threads than cores): sleeping OpenMP
+# workers never collapse there (see backend_engine/__init__.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")

@@ -85,3 +85,51 @@ async def test_full_waiting_queue_is_refused():
     with pytest.raises(EngineOverloadedError):
         await _collect(engine, "x", [1, 2, 3], SamplingParams(max_tokens=1))
     await engine.shutdown()
+
+
+async def test_the_engine_thread_builds_the_engine_and_runs_its_steps(monkeypatch):
+    # one OS thread for every parallel torch op of a replica (OpenMP gives each thread its own
+    # team of workers; see async_engine.py)
+    import threading
+
+    from backend_engine import engine as engine_module
+
+    threads = []
+    real_init, real_step = engine_module.LLMEngine.__init__, engine_module.LLMEngine.step
+
+    def init(self, config):
+        threads.append(("init", threading.current_thread().name))
+        real_init(self, config)
+
+    def step(self):
+        threads.append(("step", threading.current_thread().name))
+        return real_step(self)
+
+    monkeypatch.setattr(engine_module.LLMEngine, "__init__", init)
+    monkeypatch.setattr(engine_module.LLMEngine, "step", step)
+    built = AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=32))
+    assert not built.is_running  # built, but no step loop before start()
+    await built.start()
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    await _collect(built, "t1", list(range(10, 20)), params)
+    await built.shutdown()
+    assert threads[0] == ("init", "kvgate-engine")
+    assert {name for kind, name in threads} == {"kvgate-engine"}
+
+
+async def test_a_model_that_fails_to_load_raises_on_the_caller():
+    import threading
+
+    from backend_engine.errors import ModelLoadError
+
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(ModelLoadError):
+        AsyncLLMEngine(EngineConfig(model="/nonexistent/model/folder"))
+    assert "kvgate-engine" not in {t.name for t in threading.enumerate()} - before
+
+
+async def test_a_never_started_engine_shuts_down():
+    built = AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=16))
+    thread = built._thread
+    await built.shutdown()
+    assert not thread.is_alive()
