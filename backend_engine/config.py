@@ -20,6 +20,8 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"
     #   (on CPU for K/V of at least model_runner.COMPILE_MIN_KV_BYTES a token and layer) | "on" | "off"
+    compile_layers: str = "auto"  # the layers' row-wise ops compiled (models/compiled_layers.py):
+    #   "auto" (CPU, one rank, quantised or 16-bit, K/V as compile_attention's) | "on" | "off"
     block_size: int = 16  # tokens per KV block (a power of two); gateways must use the same
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0  # KV pool size in GiB when num_kv_blocks is None
@@ -101,3 +103,5 @@ class EngineConfig:
             raise ValueError(f"unsupported dtype {self.dtype!r}")
         if self.compile_attention not in ("auto", "on", "off"):
             raise ValueError("compile_attention must be auto, on or off")
+        if self.compile_layers not in ("auto", "on", "off"):
+            raise ValueError("compile_layers must be auto, on or off")

@@ -74,6 +74,7 @@ class ModelRunner:
                           for _ in range(self.model.num_layers)]
         self.sampler = Sampler(config.seed)
         self._compile_attention(config.compile_attention)
+        self._compile_layers(config.compile_layers)
 
     def _compile_attention(self, mode: str) -> None:
         """Compiled decode attention for the torch backend (compiled_decode.py): where asked,
@@ -89,6 +90,23 @@ class ModelRunner:
         if self.attention.use_compiled_decode(k_cache, v_cache, self.model.num_heads,
                                               self.model.scale):
             log.info("decode attention compiled in %.1f s", time.perf_counter() - started)
+
+    def _compile_layers(self, mode: str) -> None:
+        """Compiled row-wise layer ops (models/compiled_layers.py): where asked (CPU, one rank),
+        or by default for real models with quantised weights or a 16-bit compute dtype, whose
+        matmuls are fast enough that the ops around them are a large share of a step. fp32
+        models stay eager: RowAwareLinear's GEMV forms beat F.linear there at a few rows."""
+        m = self.model
+        if mode == "off" or self.device.type != "cpu" or m.tp.size > 1:
+            return
+        k_cache = self.kv_caches[0][0]
+        kv_bytes = 2 * k_cache[0, 0].numel() * k_cache.element_size()
+        fp32 = isinstance(m.layers[0].qkv_weight, torch.Tensor) and m.dtype == torch.float32
+        if mode == "auto" and (fp32 or kv_bytes < COMPILE_MIN_KV_BYTES):
+            return
+        started = time.perf_counter()
+        if m.use_compiled_layers():
+            log.info("layers compiled in %.1f s", time.perf_counter() - started)
 
     def check_health(self) -> None:
         """One process: nothing to watch (a tensor-parallel executor raises for a dead rank)."""

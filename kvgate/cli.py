@@ -63,6 +63,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-attention", default="auto", choices=["auto", "on", "off"],
                    help="torch decode attention compiled by torch.compile, reading K/V in place "
                         "(auto: on CPU for real models; compiles once at start-up)")
+    p.add_argument("--compile-layers", default="auto", choices=["auto", "on", "off"],
+                   help="each layer's norms, rotary, SiLU and residuals fused by torch.compile "
+                        "around the matmuls (auto: on CPU for real models, quantised or 16-bit)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="processes (one per device: gloo on CPU, NCCL on CUDA) one replica spans")
     spec = p.add_argument_group("speculative decoding")
@@ -125,6 +128,7 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         seed=args.seed,
         num_threads=args.num_threads,
         attention_backend=args.attention_backend, compile_attention=args.compile_attention,
+        compile_layers=args.compile_layers,
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens,
         ngram_min=args.ngram_min,

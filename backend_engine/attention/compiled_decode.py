@@ -46,7 +46,7 @@ def _paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.reshape(batch, heads, head_dim).to(query.dtype)
 
 
-def _own_copy(fn: types.FunctionType) -> types.FunctionType:
+def own_copy(fn: types.FunctionType) -> types.FunctionType:
     """fn with a code object of its own: Dynamo keeps compiled entries (and counts recompiles
     against its limit) per code object, and one process may run many engines (tests do), each
     with its own dtype, heads and scale."""
@@ -58,7 +58,7 @@ class CompiledDecode:
     """The compiled function and whether it works here; one per engine (one engine thread)."""
 
     def __init__(self) -> None:
-        self._fn = torch.compile(_own_copy(_paged_decode), dynamic=False, fullgraph=True)
+        self._fn = torch.compile(own_copy(_paged_decode), dynamic=False, fullgraph=True)
         self.failed = False
 
     def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

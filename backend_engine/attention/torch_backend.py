@@ -45,7 +45,8 @@ class TorchAttention:
         v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
     def forward(self, query, k_cache, v_cache, meta: AttentionMetadata, scale: float):
-        out = torch.empty_like(query)
+        # dense, whatever the strides of query (a view into the qkv projection)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         nd = meta.num_decode_tokens
         if nd and self.compiled is not None and self._compiled_decode(query, k_cache, v_cache,
                                                                       meta, scale, out):

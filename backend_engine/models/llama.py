@@ -11,7 +11,6 @@ int8/int4); either way it goes through `RowAwareLinear`, so the layer code has n
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from backend_engine.attention.backend import AttentionBackend
 from backend_engine.attention.metadata import AttentionMetadata
@@ -19,18 +18,12 @@ from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout
 from backend_engine.distributed.vocab import embed_tokens, gather_logits
 from backend_engine.errors import ModelLoadError
+from backend_engine.models.compiled_layers import CompiledLayers, compiled_layers
+from backend_engine.models.layer_halves import input_half, output_half, rms_norm
 from backend_engine.models.linear import RowAwareLinear
 from backend_engine.models.rotary import RotaryEmbedding
 from backend_engine.quant.formats import cat_rows, is_quantized, to_int8
 from backend_engine.quant.prepare import prepare, quantize
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # one fused op (bit-identical to x * rsqrt(mean(x^2) + eps) * weight in fp32)
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    # bf16/fp16: normalise in fp32, round, then scale, in transformers' order
-    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 class DecoderLayer:
@@ -60,23 +53,14 @@ class DecoderLayer:
     def __call__(self, hidden, positions, k_cache, v_cache, meta: AttentionMetadata,
                  cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None):
         m = self.model
-        linear = m.linear
-        residual = hidden
-        x = rms_norm(hidden, self.input_norm, m.eps)
-        qkv = linear(x, self.qkv_weight, self.qkv_bias)
-        qk, v = qkv.split([m.q_size + m.kv_size, m.kv_size], dim=-1)
-        # q and k heads side by side: one rotation for both
-        qk = m.rotary.rotate(qk.view(-1, m.num_heads + m.num_kv_heads, m.head_dim),
-                             *(cos_sin or m.rotary.cos_sin(positions)))
-        q, k = qk.split([m.num_heads, m.num_kv_heads], dim=1)
-        v = v.view(-1, m.num_kv_heads, m.head_dim)
+        q, k, v = input_half(hidden, self.input_norm, self.qkv_weight, self.qkv_bias,
+                             *(cos_sin or m.rotary.cos_sin(positions)), m.eps, m.num_heads,
+                             m.num_kv_heads, m.head_dim, m.linear)
         m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale)
-        hidden = residual + m.tp.all_reduce(linear(attn.reshape(-1, m.q_size), self.o_weight))
-        residual = hidden
-        x = rms_norm(hidden, self.post_attn_norm, m.eps)
-        gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return residual + m.tp.all_reduce(linear(F.silu(gate) * up, self.down_weight))
+        return output_half(attn, hidden, self.o_weight, self.post_attn_norm,
+                           self.gate_up_weight, self.down_weight, m.eps, m.linear,
+                           m.tp.all_reduce)
 
 
 class LlamaModel:
@@ -116,6 +100,7 @@ class LlamaModel:
         self.layers = [DecoderLayer(weights, f"model.layers.{i}.", self)
                        for i in range(self.num_layers)]
         self.linear = RowAwareLinear()
+        self.compiled: CompiledLayers | None = None  # use_compiled_layers()
         if calibrate_matmuls and self.device.type == "cpu":
             layers = self.layers
             self.linear.calibrate([[layer.qkv_weight for layer in layers],
@@ -133,12 +118,61 @@ class LlamaModel:
         return prepare(quantize(w, self.quantization, self.quant_group_size, name), self.device,
                        self.dtype)
 
+    def use_compiled_layers(self) -> bool:
+        """Run the layers' row-wise ops compiled (compiled_layers.py; one rank, weights whose
+        matmul has one form). Compiles now, for one row and for several; False, and eager
+        layers, if it cannot compile here."""
+        layer = self.layers[0]
+        weights = (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
+        key = (self.dtype, self.eps, self.num_heads, self.num_kv_heads, self.head_dim,
+               layer.qkv_bias is not None,
+               *((type(w), tuple(w.shape), getattr(w, "group_size", None)) for w in weights))
+        compiled = compiled_layers(key)
+        hidden_size = self.embed.shape[1]
+        with torch.inference_mode():  # inference tensors, as in the engine's steps
+            for rows in (1, 3):
+                hidden = torch.zeros(rows, hidden_size, dtype=self.dtype, device=self.device)
+                attn = torch.zeros(rows, self.num_heads, self.head_dim, dtype=self.dtype,
+                                   device=self.device)
+                cos, sin = self.rotary.cos_sin(torch.zeros(rows, dtype=torch.long,
+                                                           device=self.device))
+                self._run_compiled(compiled, hidden, cos, sin, attn)
+        if not compiled.failed:
+            self.compiled = compiled
+        return self.compiled is not None
+
+    def _run_compiled(self, compiled: CompiledLayers, hidden, cos, sin, attn=None, kv_caches=(),
+                      meta: AttentionMetadata | None = None) -> torch.Tensor:
+        """The layers with compiled row-wise halves; attention (and K/V stores) in between,
+        eager; `attn` given instead of caches: the warm-up, which touches no cache."""
+        shape = (self.eps, self.num_heads, self.num_kv_heads, self.head_dim)
+        first = self.layers[0]
+        q, k, v = compiled.run("first", (hidden, first.input_norm, first.qkv_weight,
+                                         first.qkv_bias, cos, sin, *shape), (0, 4, 5))
+        caches = kv_caches or [None] * self.num_layers
+        for i, (layer, cache) in enumerate(zip(self.layers, caches)):
+            if cache is not None:
+                self.attention.store_kv(k, v, *cache, meta.slot_mapping)
+                # contiguous, as at warm-up (strides are guarded: another layout recompiles)
+                attn = self.attention.forward(q, *cache, meta, self.scale).contiguous()
+            out = (attn, hidden, layer.o_weight, layer.post_attn_norm, layer.gate_up_weight,
+                   layer.down_weight)
+            if i + 1 == self.num_layers:
+                return compiled.run("last", (*out, self.norm, self.eps), (0, 1))
+            nxt = self.layers[i + 1]
+            hidden, q, k, v = compiled.run("between", (*out, nxt.input_norm, nxt.qkv_weight,
+                                                       nxt.qkv_bias, cos, sin, *shape),
+                                           (0, 1, 9, 10))
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata) -> torch.Tensor:
         hidden = embed_tokens(input_ids, self.embed, self.layout, self.tp)
         cos_sin = self.rotary.cos_sin(positions)
+        if self.compiled is not None:
+            return self._run_compiled(self.compiled, hidden, *cos_sin, kv_caches=kv_caches,
+                                      meta=meta)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             hidden = layer(hidden, positions, k_cache, v_cache, meta, cos_sin)
         return rms_norm(hidden, self.norm, self.eps)
