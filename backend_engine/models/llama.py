@@ -119,9 +119,9 @@ class LlamaModel:
                        self.dtype)
 
     def use_compiled_layers(self) -> bool:
-        """Run the layers' row-wise ops compiled (compiled_layers.py; one rank, weights whose
-        matmul has one form). Compiles now, for one row and for several; False, and eager
-        layers, if it cannot compile here."""
+        """Run the layers' row-wise ops compiled (compiled_layers.py; one rank; the matmuls as
+        `traced_linear` runs them: F.linear, or a quantised weight's one CPU kernel). Compiles
+        now, for one row and for several; False, and eager layers, if it cannot compile."""
         layer = self.layers[0]
         weights = (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
         key = (self.dtype, self.eps, self.num_heads, self.num_kv_heads, self.head_dim,
