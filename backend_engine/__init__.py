@@ -11,5 +11,6 @@ import os
 # the second (measured on 2 cores: docs/engine/quantization.md, "OpenMP waiters"). An explicit
 # OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is: a replica with cores of its own can spin
 # longer (GOMP_SPINCOUNT=300000, libgomp's default), a crowded machine can sleep.
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+OPENMP_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+if not any(name in os.environ for name in OPENMP_SETTINGS):
     os.environ["GOMP_SPINCOUNT"] = "1000"

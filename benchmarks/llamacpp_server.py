@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from backend_engine import OPENMP_SETTINGS
 from kvgate.launcher.plan import count_cores
 
 VENV = Path(os.environ.get("KVGATE_LLAMACPP_VENV",
@@ -82,12 +83,6 @@ def soname_links(bin_dir: Path) -> Path:
     return links
 
 
-# kvgate's own OpenMP settings (backend_engine/__init__.py), which its processes hand down;
-# llama-server runs with libgomp's defaults: with OMP_WAIT_POLICY=PASSIVE inherited, its c=1
-# decode measured 42 tok/s instead of 111 on 2 cores
-OPENMP_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-
-
 def _free_port() -> int:
     import socket
 
@@ -127,7 +122,10 @@ class LlamaServer:
         links = soname_links(bin_dir)
         self.port = self.port or _free_port()
         env = dict(os.environ, LD_LIBRARY_PATH=f"{links}:{bin_dir}")
-        for name in OPENMP_SETTINGS:  # ggml's OpenMP threads as llama.cpp ships them
+        # kvgate's OpenMP settings, which its processes hand down, are not llama-server's: it
+        # runs with libgomp's defaults (with OMP_WAIT_POLICY=PASSIVE inherited, its c=1 decode
+        # measured 42 tok/s instead of 111 on 2 cores)
+        for name in OPENMP_SETTINGS:
             env.pop(name, None)
         self.log_path = self.log_path or Path(tempfile.mkstemp(prefix="llama-server-",
                                                                suffix=".log")[1])

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-OPENMP = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+from backend_engine import OPENMP_SETTINGS as OPENMP
 
 
 def _settings_after_import(**env: str) -> dict:
