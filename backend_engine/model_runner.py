@@ -73,14 +73,17 @@ class ModelRunner:
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(self.model.num_layers)]
         self.sampler = Sampler(config.seed)
-        self._compile_attention(config.compile_attention)
         self._compile_layers(config.compile_layers)
+        self._compile_attention(config.compile_attention)
 
     def _compile_attention(self, mode: str) -> None:
         """Compiled decode attention for the torch backend (compiled_decode.py): where asked,
         or by default on CPU for models whose K/V are large enough that reading them is the
-        step's cost (tiny test models never compile)."""
+        step's cost (tiny test models never compile). By default not where the compiled decode
+        step (models/decode_graph.py) runs decode rows: this kernel would never be called."""
         if not isinstance(self.attention, TorchAttention) or mode == "off":
+            return
+        if mode == "auto" and self.model.decode_graph is not None:
             return
         k_cache, v_cache = self.kv_caches[0]
         kv_bytes = 2 * k_cache[0, 0].numel() * k_cache.element_size()
@@ -92,7 +95,8 @@ class ModelRunner:
             log.info("decode attention compiled in %.1f s", time.perf_counter() - started)
 
     def _compile_layers(self, mode: str) -> None:
-        """Compiled row-wise layer ops (models/compiled_layers.py): where asked (CPU, one rank),
+        """Compiled row-wise layer ops (models/compiled_layers.py) and decode step
+        (models/decode_graph.py): where asked (CPU, one rank),
         or by default for real models with quantised weights or a 16-bit compute dtype, whose
         matmuls are fast enough that the ops around them are a large share of a step. fp32
         models stay eager: RowAwareLinear's GEMV forms beat F.linear there at a few rows."""
@@ -105,7 +109,7 @@ class ModelRunner:
         if mode == "auto" and (fp32 or kv_bytes < COMPILE_MIN_KV_BYTES):
             return
         started = time.perf_counter()
-        if m.use_compiled_layers():
+        if m.use_compiled_layers(self.kv_caches):
             log.info("layers compiled in %.1f s", time.perf_counter() - started)
 
     def check_health(self) -> None:

@@ -26,7 +26,7 @@ from torch.fx.experimental import _config as fx_config
 log = logging.getLogger("kvgate.engine")
 
 
-def _paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   block_tables: torch.Tensor, context_lens: torch.Tensor,
                   scale: float) -> torch.Tensor:
     """query [B, H, D]; caches [N, bs, KVH, D]; block_tables [B, nb]; context_lens [B]."""
@@ -58,7 +58,7 @@ class CompiledDecode:
     """The compiled function and whether it works here; one per engine (one engine thread)."""
 
     def __init__(self) -> None:
-        self._fn = torch.compile(own_copy(_paged_decode), dynamic=False, fullgraph=True)
+        self._fn = torch.compile(own_copy(paged_decode), dynamic=False, fullgraph=True)
         self.failed = False
 
     def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

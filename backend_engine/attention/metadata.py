@@ -31,6 +31,13 @@ class AttentionMetadata:
     kernel: KernelMetadata | None = None  # built once per step by the Triton backend (or runner)
     scratch: dict = field(default_factory=dict)  # per-step values a backend derives once
 
+    def prefill_part(self) -> AttentionMetadata:
+        """The prefill chunks alone, their rows counted from 0 (for decode rows run apart)."""
+        nd = self.num_decode_tokens
+        return AttentionMetadata(self.slot_mapping[nd:], prefills=[
+            PrefillChunk(c.query_start - nd, c.query_len, c.context_len, c.block_table)
+            for c in self.prefills])
+
     @property
     def max_decode_context_len(self) -> int:
         lens = self.decode_context_lens

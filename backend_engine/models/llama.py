@@ -19,6 +19,7 @@ from backend_engine.distributed.sharding import shard_layout
 from backend_engine.distributed.vocab import embed_tokens, gather_logits
 from backend_engine.errors import ModelLoadError
 from backend_engine.models.compiled_layers import CompiledLayers, compiled_layers
+from backend_engine.models.decode_graph import DecodeGraph
 from backend_engine.models.layer_halves import input_half, output_half, rms_norm
 from backend_engine.models.linear import RowAwareLinear
 from backend_engine.models.rotary import RotaryEmbedding
@@ -101,6 +102,7 @@ class LlamaModel:
                        for i in range(self.num_layers)]
         self.linear = RowAwareLinear()
         self.compiled: CompiledLayers | None = None  # use_compiled_layers()
+        self.decode_graph: DecodeGraph | None = None  # use_compiled_layers(kv_caches)
         if calibrate_matmuls and self.device.type == "cpu":
             layers = self.layers
             self.linear.calibrate([[layer.qkv_weight for layer in layers],
@@ -118,10 +120,12 @@ class LlamaModel:
         return prepare(quantize(w, self.quantization, self.quant_group_size, name), self.device,
                        self.dtype)
 
-    def use_compiled_layers(self) -> bool:
+    def use_compiled_layers(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None
+                            = None) -> bool:
         """Run the layers' row-wise ops compiled (compiled_layers.py; one rank; the matmuls as
-        `traced_linear` runs them: F.linear, or a quantised weight's one CPU kernel). Compiles
-        now, for one row and for several; False, and eager layers, if it cannot compile."""
+        `traced_linear` runs them: F.linear, or a quantised weight's one CPU kernel) and, given
+        the engine's KV caches and torch attention, decode rows as one graph (decode_graph.py).
+        Compiles now, for one row and for several; False, and eager layers, if it cannot."""
         layer = self.layers[0]
         weights = (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
         key = (self.dtype, self.eps, self.num_heads, self.num_kv_heads, self.head_dim,
@@ -137,9 +141,18 @@ class LlamaModel:
                 cos, sin = self.rotary.cos_sin(torch.zeros(rows, dtype=torch.long,
                                                            device=self.device))
                 self._run_compiled(compiled, hidden, cos, sin, attn)
-        if not compiled.failed:
-            self.compiled = compiled
-        return self.compiled is not None
+        if compiled.failed:
+            return False
+        self.compiled = compiled
+        if kv_caches is not None and self.attention.name == "torch":
+            layers = tuple((layer.input_norm, layer.qkv_weight, layer.qkv_bias, layer.o_weight,
+                            layer.post_attn_norm, layer.gate_up_weight, layer.down_weight)
+                           for layer in self.layers)
+            graph = DecodeGraph(layers, self.norm, self.eps, self.num_heads, self.num_kv_heads,
+                                self.head_dim, self.scale)
+            if graph.warm_up(kv_caches, hidden_size, self.rotary.cos_sin):
+                self.decode_graph = graph
+        return True
 
     def _run_compiled(self, compiled: CompiledLayers, hidden, cos, sin, attn=None, kv_caches=(),
                       meta: AttentionMetadata | None = None) -> torch.Tensor:
@@ -169,7 +182,22 @@ class LlamaModel:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata) -> torch.Tensor:
         hidden = embed_tokens(input_ids, self.embed, self.layout, self.tp)
-        cos_sin = self.rotary.cos_sin(positions)
+        cos, sin = self.rotary.cos_sin(positions)
+        nd = meta.num_decode_tokens
+        if self.decode_graph is not None and nd:
+            out = self.decode_graph(hidden[:nd], cos[:nd], sin[:nd], kv_caches,
+                                    meta.slot_mapping[:nd], meta.decode_block_tables,
+                                    meta.decode_context_lens)
+            if out is not None:
+                if not meta.prefills:
+                    return out
+                rest = self._layers(hidden[nd:], (cos[nd:], sin[nd:]), positions[nd:],
+                                    kv_caches, meta.prefill_part())
+                return torch.cat([out, rest])
+        return self._layers(hidden, (cos, sin), positions, kv_caches, meta)
+
+    def _layers(self, hidden, cos_sin, positions, kv_caches, meta: AttentionMetadata):
+        """The layers one by one (compiled halves or eager), then the final norm."""
         if self.compiled is not None:
             return self._run_compiled(self.compiled, hidden, *cos_sin, kv_caches=kv_caches,
                                       meta=meta)

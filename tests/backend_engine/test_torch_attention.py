@@ -119,7 +119,7 @@ def test_a_kernel_that_cannot_compile_leaves_eager_decode(monkeypatch):
 
     attention = TorchAttention()
     cache = torch.zeros(8, 16, 3, 64)
-    monkeypatch.setattr(compiled_decode, "_paged_decode", broken)
+    monkeypatch.setattr(compiled_decode, "paged_decode", broken)
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
     assert not attention.use_compiled_decode(cache, cache, 9, 0.125)
     assert attention.compiled is None
