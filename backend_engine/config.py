@@ -20,7 +20,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"
     #   (on CPU for K/V of at least model_runner.COMPILE_MIN_KV_BYTES a token and layer) | "on" | "off"
-    compile_layers: str = "auto"  # the layers' row-wise ops compiled (models/compiled_layers.py):
+    compile_layers: str = "auto"  # row-wise layer ops and the decode step compiled (models/):
     #   "auto" (CPU, one rank, quantised or 16-bit, K/V as compile_attention's) | "on" | "off"
     block_size: int = 16  # tokens per KV block (a power of two); gateways must use the same
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb

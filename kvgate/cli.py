@@ -65,7 +65,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "(auto: on CPU for real models; compiles once at start-up)")
     p.add_argument("--compile-layers", default="auto", choices=["auto", "on", "off"],
                    help="each layer's norms, rotary, SiLU and residuals fused by torch.compile "
-                        "around the matmuls (auto: on CPU for real models, quantised or 16-bit)")
+                        "around the matmuls, and decode rows run as one compiled graph "
+                        "(auto: on CPU for real models, quantised or 16-bit)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="processes (one per device: gloo on CPU, NCCL on CUDA) one replica spans")
     spec = p.add_argument_group("speculative decoding")
