@@ -24,7 +24,7 @@ from backend_engine.models.layer_halves import input_half, output_half, rms_norm
 from backend_engine.models.linear import RowAwareLinear
 from backend_engine.models.rotary import RotaryEmbedding
 from backend_engine.quant.formats import cat_rows, is_quantized, to_int8
-from backend_engine.quant.prepare import prepare, quantize
+from backend_engine.quant.prepare import QUANTIZE_AT_LOAD, prepare, quantize
 
 
 class DecoderLayer:
@@ -92,9 +92,12 @@ class LlamaModel:
         self.norm = self.to_compute(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
         lm_head = weights["model.embed_tokens.weight"] if tied else weights["lm_head.weight"]
-        if quantization or is_quantized(lm_head):
-            # int8 per channel in every quantised mode: it is the largest single matrix
-            # (49152 x 576 in SmolLM2), read whole at every step
+        # it is the largest single matrix (49152 x 576 in SmolLM2), read whole at every step:
+        # in the format of --quantization int8/int4 (a GGUF's too: its embedding is read as fp);
+        # AWQ/GPTQ checkpoints store it unquantised: int8 per channel
+        if quantization in QUANTIZE_AT_LOAD and isinstance(lm_head, torch.Tensor):
+            self.lm_head = self.prepare_linear(lm_head, "lm_head.weight")
+        elif quantization or is_quantized(lm_head):
             self.lm_head = prepare(to_int8(lm_head), self.device, dtype)
         else:
             self.lm_head = self.embed if tied else self.to_compute(lm_head)

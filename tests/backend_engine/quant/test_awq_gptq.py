@@ -47,6 +47,7 @@ def test_engine_serves_the_checkpoint_like_its_fp_values(tmp_path, method, group
     ids = torch.tensor(llm.tokenizer.encode("The quick brown fox jumps over the lazy dog"))
     logits = _prompt_logits(model, ids)
     ref = _prompt_logits(ref_model, ids)
+    assert model.lm_head.kind == "int8_cpu"  # AWQ/GPTQ store it unquantised: int8 per channel
     # bf16 activations in the int4 kernel and an int8 lm_head: close, not bit-equal
     assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()
     out = llm.generate(["Hello there"], SamplingParams(temperature=0, max_tokens=8))
@@ -82,3 +83,13 @@ def test_a_flag_that_contradicts_the_checkpoint_names_both(tmp_path):
     quantised, _ = write_checkpoints(tmp_path, "gptq", 32)
     with pytest.raises(ModelLoadError, match=r"--quantization int4 .* gptq-quantised"):
         LLM(str(quantised), quantization="int4", num_kv_blocks=16)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_the_lm_head_takes_the_format_of_quantisation_at_load(quantization):
+    llm = LLM("tiny-random", quantization=quantization, num_kv_blocks=16, compile_layers="off",
+              compile_attention="off")
+    model = llm.engine.runner.model
+    assert model.lm_head.kind == model.layers[0].qkv_weight.kind == f"{quantization}_cpu"
+    fp = model.embed.float()  # tied: the lm_head is the embedding, quantised
+    torch.testing.assert_close(model.lm_head.dequantize(), fp, atol=fp.abs().max() / 7, rtol=0)
