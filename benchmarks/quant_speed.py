@@ -10,8 +10,9 @@ Each server runs alone (one kvgate replica through `kvgate up --gateways 0`, or 
 Prompts are distinct ~110-token windows of the evaluation text (no prefix-cache hits), outputs
 128 tokens (ignore_eos). kvgate's quantised rows run with --dtype bfloat16 (the CPU kernels'
 activation dtype). Both servers run their OpenMP workers with libgomp's default spin (each has
-the cores to itself; `--omp-spin-count` changes kvgate's). Ends with one line of JSON with
-int4_c1_vs_llamacpp and int4_c16_vs_llamacpp.
+the cores to itself; `--omp-spin-count` changes kvgate's). `int4-lm4` is int4 with
+`--lm-head-quantization int4` (the lm_head in int4 too, not only the layers). Ends with one line
+of JSON with int4_c1_vs_llamacpp and int4_c16_vs_llamacpp (and the int4_lm4_ ones).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from benchmarks.quant_quality import TEXT, weight_bytes
 
 FORMATS = {"fp32": dict(dtype="float32"), "bf16": dict(dtype="bfloat16"),
            "int8": dict(dtype="bfloat16", quantization="int8"),
-           "int4": dict(dtype="bfloat16", quantization="int4")}
+           "int4": dict(dtype="bfloat16", quantization="int4"),
+           "int4-lm4": dict(dtype="bfloat16", quantization="int4", lm_head_quantization="int4")}
 PROMPT_TOKENS, LONG_PROMPT_TOKENS = 110, 1000
 
 
@@ -101,7 +103,8 @@ def kvgate_row(name: str, flags: dict, args, say) -> dict:
     gc.collect()
     # no admission bound: a shared, loaded machine must slow the run down, not refuse it
     engine = {"dtype": flags["dtype"], "max_num_seqs": 32, "num_kv_blocks": 2048,
-              "max_queue_delay_s": 3600}
+              "max_queue_delay_s": 3600,
+              "lm_head_quantization": flags.get("lm_head_quantization", "int8")}
     # each server has the cores to itself: kvgate's workers spin as long as llama-server's
     os.environ["GOMP_SPINCOUNT"] = str(args.omp_spin_count)
     config = UpConfig(model="default", replicas=1, gateways=0, num_threads=args.threads,
@@ -152,11 +155,12 @@ def main() -> None:
         rows.append(row)
         say(json.dumps(row))
     by = {r["server"]: r for r in rows}
-    int4 = by.get("kvgate int4")
     summary = {"threads": args.threads, "rows": rows}
-    if int4 and ll:
-        summary["int4_c1_vs_llamacpp"] = round(int4["c1_tok_s"] / ll["c1_tok_s"], 3)
-        summary["int4_c16_vs_llamacpp"] = round(int4["c16_tok_s"] / ll["c16_tok_s"], 3)
+    for name in ("int4", "int4-lm4"):
+        row, key = by.get(f"kvgate {name}"), name.replace("-", "_")
+        if row and ll:
+            summary[f"{key}_c1_vs_llamacpp"] = round(row["c1_tok_s"] / ll["c1_tok_s"], 3)
+            summary[f"{key}_c16_vs_llamacpp"] = round(row["c16_tok_s"] / ll["c16_tok_s"], 3)
     print(json.dumps(summary))
 
 

@@ -24,6 +24,15 @@ from backend_engine.attention.metadata import AttentionMetadata
 COMPILED_MAX_PADDING = 0.5  # the compiled kernel's padding costs flops, not copies
 
 
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write each token's K/V [T, KVH, D] into its slot of the paged caches [N, bs, KVH, D]
+    (also traced into the compiled decode step, models/decode_graph.py)."""
+    kv_heads, head_dim = k_cache.shape[-2:]
+    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+
 class TorchAttention:
     name = "torch"
 
@@ -40,9 +49,7 @@ class TorchAttention:
         return self.compiled is not None
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        kv_heads, head_dim = k_cache.shape[-2:]
-        k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-        v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+        store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def forward(self, query, k_cache, v_cache, meta: AttentionMetadata, scale: float):
         # dense, whatever the strides of query (a view into the qkv projection)

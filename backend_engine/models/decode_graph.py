@@ -25,6 +25,7 @@ import torch
 from torch.fx.experimental import _config as fx_config
 
 from backend_engine.attention.compiled_decode import own_copy, paged_decode
+from backend_engine.attention.torch_backend import store_kv
 from backend_engine.models.layer_halves import input_half, output_half, rms_norm
 
 log = logging.getLogger("kvgate.engine")
@@ -39,8 +40,7 @@ def _decode_step(hidden, cos, sin, layers, caches, final_norm, slot_mapping, blo
             (k_cache, v_cache) in zip(layers, caches):
         q, k, v = input_half(hidden, norm, qkv_weight, qkv_bias, cos, sin, eps, heads,
                              kv_heads, head_dim)
-        k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-        v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+        store_kv(k, v, k_cache, v_cache, slot_mapping)
         attn = paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
         hidden = output_half(attn, hidden, o_weight, post_norm, gate_up_weight, down_weight,
                              eps)

@@ -23,8 +23,8 @@ from backend_engine.models.decode_graph import DecodeGraph
 from backend_engine.models.layer_halves import input_half, output_half, rms_norm
 from backend_engine.models.linear import RowAwareLinear
 from backend_engine.models.rotary import RotaryEmbedding
-from backend_engine.quant.formats import cat_rows, is_quantized, to_int8
-from backend_engine.quant.prepare import QUANTIZE_AT_LOAD, prepare, quantize
+from backend_engine.quant.formats import cat_rows, is_quantized
+from backend_engine.quant.prepare import lm_head_weight, prepare, quantize
 
 
 class DecoderLayer:
@@ -68,7 +68,8 @@ class LlamaModel:
     def __init__(self, config, weights: dict[str, torch.Tensor], attention: AttentionBackend,
                  max_positions: int, dtype: torch.dtype, device: str = "cpu",
                  calibrate_matmuls: bool = True, tp: TensorParallelGroup = SINGLE,
-                 quantization: str | None = None, quant_group_size: int = 32):
+                 quantization: str | None = None, quant_group_size: int = 32,
+                 lm_head_quantization: str = "int8"):
         """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard."""
         self.config = config
         self.tp = tp
@@ -92,13 +93,11 @@ class LlamaModel:
         self.norm = self.to_compute(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
         lm_head = weights["model.embed_tokens.weight"] if tied else weights["lm_head.weight"]
-        # it is the largest single matrix (49152 x 576 in SmolLM2), read whole at every step:
-        # in the format of --quantization int8/int4 (a GGUF's too: its embedding is read as fp);
-        # AWQ/GPTQ checkpoints store it unquantised: int8 per channel
-        if quantization in QUANTIZE_AT_LOAD and isinstance(lm_head, torch.Tensor):
-            self.lm_head = self.prepare_linear(lm_head, "lm_head.weight")
-        elif quantization or is_quantized(lm_head):
-            self.lm_head = prepare(to_int8(lm_head), self.device, dtype)
+        if quantization or is_quantized(lm_head):
+            # the largest single matrix (49152 x 576 in SmolLM2), read whole at every step:
+            # int8 per channel, or int4 where asked (half the bytes, more perplexity)
+            self.lm_head = prepare(lm_head_weight(lm_head, lm_head_quantization,
+                                                  quant_group_size), self.device, dtype)
         else:
             self.lm_head = self.embed if tied else self.to_compute(lm_head)
         self.layers = [DecoderLayer(weights, f"model.layers.{i}.", self)

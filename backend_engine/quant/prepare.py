@@ -10,9 +10,11 @@ from typing import Any
 import torch
 
 from backend_engine.quant import cpu
-from backend_engine.quant.formats import Int8Weight, LinearWeight, quantize_int4, quantize_int8
+from backend_engine.quant.formats import (Int4Weight, Int8Weight, LinearWeight, quantize_int4,
+                                          quantize_int8, to_int8)
 
 QUANTIZE_AT_LOAD = ("int8", "int4")
+LM_HEAD_FORMATS = QUANTIZE_AT_LOAD  # --lm-head-quantization
 
 
 def quantize(w: LinearWeight, method: str | None, group_size: int, name: str) -> LinearWeight:
@@ -22,6 +24,19 @@ def quantize(w: LinearWeight, method: str | None, group_size: int, name: str) ->
     if method == "int8":
         return quantize_int8(w)
     return quantize_int4(w, group_size, name)
+
+
+def lm_head_weight(w: LinearWeight, method: str, group_size: int) -> LinearWeight:
+    """A quantised model's lm_head: int8 per channel (the default), or int4 in groups of
+    `group_size`; an lm_head stored in that format already stays as stored."""
+    if method not in LM_HEAD_FORMATS:
+        raise ValueError(f"lm_head quantization must be one of {LM_HEAD_FORMATS}, not {method!r}")
+    if method == "int8":
+        return to_int8(w)
+    if isinstance(w, Int4Weight):
+        return w
+    return quantize_int4(w if isinstance(w, torch.Tensor) else w.dequantize(), group_size,
+                         "lm_head.weight")
 
 
 def prepare(w: LinearWeight, device: torch.device | str, dtype: torch.dtype) -> Any:

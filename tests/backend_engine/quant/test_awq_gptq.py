@@ -86,10 +86,17 @@ def test_a_flag_that_contradicts_the_checkpoint_names_both(tmp_path):
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_the_lm_head_takes_the_format_of_quantisation_at_load(quantization):
-    llm = LLM("tiny-random", quantization=quantization, num_kv_blocks=16, compile_layers="off",
-              compile_attention="off")
+@pytest.mark.parametrize("lm_head", ["int8", "int4"])
+def test_a_quantised_lm_head_is_int8_unless_int4_is_asked_for(quantization, lm_head):
+    llm = LLM("tiny-random", quantization=quantization, lm_head_quantization=lm_head,
+              num_kv_blocks=16, compile_layers="off", compile_attention="off")
     model = llm.engine.runner.model
-    assert model.lm_head.kind == model.layers[0].qkv_weight.kind == f"{quantization}_cpu"
+    assert model.layers[0].qkv_weight.kind == f"{quantization}_cpu"
+    assert model.lm_head.kind == f"{lm_head}_cpu"
     fp = model.embed.float()  # tied: the lm_head is the embedding, quantised
     torch.testing.assert_close(model.lm_head.dequantize(), fp, atol=fp.abs().max() / 7, rtol=0)
+
+
+def test_an_unknown_lm_head_format_is_refused():
+    with pytest.raises(ValueError, match="lm_head_quantization"):
+        LLM("tiny-random", quantization="int4", lm_head_quantization="int2")
