@@ -11,7 +11,8 @@ Formats: fp32 (the reference: the GGUF's Q4_1 weights dequantised), bf16, int8 a
 (quantised at load from those fp32 weights, group 32 (the default) and 64; SmolLM2's 576 input
 features rule out 128; `int4-lm4`: the lm_head in int4 too, `--lm-head-quantization int4`), and
 `gguf-int4`, the GGUF's own 4-bit tensors loaded as stored (by construction the reference's
-values, so its ratio measures only the kernels' bf16 activations and the int8 lm_head). Ends with one line of JSON with int8/int4 ppl ratios and greedy agreements.
+values, so its ratio measures only the kernels' bf16 activations and the int8 lm_head). Ends
+with one line of JSON with int8/int4/int4_lm4 ppl ratios and greedy agreements.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ row count and the width of the block tables are dynamic (one row specialises: it
 from __future__ import annotations
 
 import logging
+import re
 
 import torch
 from torch.fx.experimental import _config as fx_config
@@ -53,8 +54,10 @@ _FIXED_ARGUMENTS = ("layers", "caches", "final_norm")
 def _step_input_guards(entries: list) -> list[bool]:
     """Which of Dynamo's guards to keep: all but those on the weights, norms and KV pools,
     the same objects for a DecodeGraph's whole life (~300 tensors, whose checks took ~0.35 ms
-    a step: a twentieth of a one-row int4 step)."""
-    return [not entry.name.startswith(_FIXED_ARGUMENTS) for entry in entries]
+    a step: a twentieth of a one-row int4 step). A guard's name starts with its argument's
+    (`layers[3][1]`, `caches[0][0]`)."""
+    return [re.split(r"[\[.]", entry.name, maxsplit=1)[0] not in _FIXED_ARGUMENTS
+            for entry in entries]
 
 
 class DecodeGraph:
@@ -66,14 +69,16 @@ class DecodeGraph:
                                  options={"guard_filter_fn": _step_input_guards})
         self._layers, self._final_norm = layers, final_norm
         self._consts = (eps, heads, kv_heads, head_dim, scale)
+        self._caches: object = None  # the KV caches it was compiled over (warm_up)
         self.failed = False
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  caches: tuple, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor) -> torch.Tensor | None:
         """The final-normed hidden states of the decode rows (after writing their K/V), or None
-        if the graph cannot be compiled here (from then on: always None)."""
-        if self.failed:
+        if the graph cannot be compiled here (from then on: always None) or `caches` are not
+        the caches it was warmed up over (it does not guard on them: their shapes are baked in)."""
+        if self.failed or caches is not self._caches:
             return None
         if block_tables.shape[1] < 2:  # one block would specialise: pad (masked out)
             block_tables = torch.nn.functional.pad(block_tables, (0, 2 - block_tables.shape[1]))
@@ -96,6 +101,7 @@ class DecodeGraph:
         """Compile now (start-up) for one row and for several. Writes K/V rows of zeros into
         the first slots of the caches, which hold nothing yet. True if it works."""
         dtype, device = self._final_norm.dtype, self._final_norm.device
+        self._caches = caches
         with torch.inference_mode():  # inference tensors, as in the engine's steps
             for rows in (1, 3):
                 hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=device)

@@ -67,6 +67,24 @@ def test_decode_rows_run_as_one_graph_with_the_eager_logits(monkeypatch):
     torch.testing.assert_close(graph, eager, atol=1e-4, rtol=0)
 
 
+def test_decode_rows_over_other_caches_run_layer_by_layer(monkeypatch):
+    from backend_engine.step_batch import StepBatch
+
+    llm = LLM("tiny-random", num_kv_blocks=64, compile_layers="on")
+    runner, model = llm.engine.runner, llm.engine.runner.model
+    layer_by_layer = []
+    real = model._layers
+    monkeypatch.setattr(model, "_layers", lambda hidden, *a: layer_by_layer.append(
+        hidden.shape[0]) or real(hidden, *a))
+    other = [(torch.zeros_like(k[:4]), torch.zeros_like(v[:4])) for k, v in runner.kv_caches]
+    inputs = runner.prepare(StepBatch([[5]], [3], [4], [[2]]))
+    with torch.inference_mode():
+        hidden = model.forward(inputs.input_ids, inputs.positions, other, inputs.meta)
+    assert layer_by_layer == [1] and torch.isfinite(hidden).all()
+    written = runner.block_size * 2 + 3  # block 2, position 3: the new K row
+    assert other[0][0].view(-1, *other[0][0].shape[2:])[written].abs().sum() > 0
+
+
 def test_a_decode_step_that_cannot_compile_runs_layer_by_layer(monkeypatch):
     from backend_engine.models import decode_graph
 

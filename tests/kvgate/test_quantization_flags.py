@@ -21,6 +21,20 @@ def test_engine_flag_sets_the_method_and_group_size():
     assert engine_config_from_args(build_parser().parse_args(["engine"])).quantization is None
 
 
+def test_engine_flag_sets_the_lm_head_format():
+    parse = build_parser().parse_args
+    assert engine_config_from_args(parse(["engine"])).lm_head_quantization == "int8"
+    args = parse(["engine", "--quantization", "int4", "--lm-head-quantization", "int4"])
+    assert engine_config_from_args(args).lm_head_quantization == "int4"
+
+
+def test_up_passes_the_lm_head_format_from_the_engine_section(tmp_path):
+    path = tmp_path / "up.yaml"
+    path.write_text("quantization: int4\nengine: {lm_head_quantization: int4}\n")
+    for replica in build_plan(_up("--config", str(path)), gpus=0, cores=2).replicas:
+        assert replica.argv[replica.argv.index("--lm-head-quantization") + 1] == "int4"
+
+
 def test_engine_flag_refuses_unknown_methods(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["engine", "--quantization", "fp4"])
