@@ -16,8 +16,10 @@ class EngineConfig:
     quantization: str | None = None  # None: the checkpoint's own (awq/gptq) or none | "none" |
     #   "int8" | "int4" (quantise at load; a GGUF's tensors load directly) | "awq" | "gptq"
     quantization_group_size: int = 32  # int4 at load: input features per scale/min (32/64/128)
-    lm_head_quantization: str = "int8"  # a quantised model's lm_head: "int8" (per channel) |
-    #   "int4" (groups of quantization_group_size: half the bytes, more perplexity)
+    lm_head_quantization: str = "w8a8"  # a quantised model's lm_head: "w8a8" (int8 per channel,
+    #   activations int8 per row: llama.cpp's Q8_0 output; CPU with oneDNN, else as "int8") |
+    #   "int8" (weight-only) | "int4" (groups of quantization_group_size: half the bytes, more
+    #   perplexity)
     device: str = "cpu"  # "cpu" | "cuda"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"
@@ -84,8 +86,8 @@ class EngineConfig:
                              "int8, int4, awq or gptq")
         if self.quantization_group_size not in (32, 64, 128):
             raise ValueError("quantization_group_size must be 32, 64 or 128")
-        if self.lm_head_quantization not in ("int8", "int4"):
-            raise ValueError("lm_head_quantization must be int8 or int4")
+        if self.lm_head_quantization not in ("w8a8", "int8", "int4"):
+            raise ValueError("lm_head_quantization must be w8a8, int8 or int4")
         if self.target_itl_ms is not None and self.target_itl_ms <= 0:
             raise ValueError("target_itl_ms must be positive (or None for a fixed budget)")
         if self.min_prefill_tokens < 1:

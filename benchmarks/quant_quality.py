@@ -9,10 +9,11 @@ agreement over 32 prompts x 64 new tokens against fp32, two ways:
 
 Formats: fp32 (the reference: the GGUF's Q4_1 weights dequantised), bf16, int8 and int4
 (quantised at load from those fp32 weights, group 32 (the default) and 64; SmolLM2's 576 input
-features rule out 128; `int4-lm4`: the lm_head in int4 too, `--lm-head-quantization int4`), and
-`gguf-int4`, the GGUF's own 4-bit tensors loaded as stored (by construction the reference's
-values, so its ratio measures only the kernels' bf16 activations and the int8 lm_head). Ends
-with one line of JSON with int8/int4/int4_lm4 ppl ratios and greedy agreements.
+features rule out 128), and `gguf-int4`, the GGUF's own 4-bit tensors loaded as stored (by
+construction the reference's values, so its ratio measures only the kernels' bf16 activations
+and the lm_head). The lm_head is the default w8a8 (int8 weights times int8 activations per row);
+`-lm8` rows take `--lm-head-quantization int8` (weight-only), `int4-lm4` takes `int4`. Ends with
+one line of JSON with the ppl ratios and greedy agreements of int8, int4 and those rows.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def formats() -> dict[str, dict]:
             "int4": dict(model=fp, quantization="int4", quantization_group_size=32),
             "int4-g64": dict(model=fp, quantization="int4", quantization_group_size=64),
             "int4-lm4": dict(model=fp, quantization="int4", lm_head_quantization="int4"),
+            "int8-lm8": dict(model=fp, quantization="int8", lm_head_quantization="int8"),
+            "int4-lm8": dict(model=fp, quantization="int4", lm_head_quantization="int8"),
             "gguf-int4": dict(model="default", quantization="int4")}
 
 
@@ -156,7 +159,7 @@ def main() -> None:
               f"weights {row['weight_mb']:.0f} MB  ({row['seconds']:.0f} s)", flush=True)
     by = {r["format"]: r for r in rows}
     summary = {"tokens": len(ids), "rows": rows}
-    for fmt in ("int8", "int4", "int4-lm4"):
+    for fmt in ("int8", "int4", "int8-lm8", "int4-lm8", "int4-lm4"):
         if fmt in by:
             key = fmt.replace("-", "_")
             summary[f"{key}_ppl_ratio"] = round(by[fmt]["ppl_ratio"], 4)

@@ -10,9 +10,11 @@ Each server runs alone (one kvgate replica through `kvgate up --gateways 0`, or 
 Prompts are distinct ~110-token windows of the evaluation text (no prefix-cache hits), outputs
 128 tokens (ignore_eos). kvgate's quantised rows run with --dtype bfloat16 (the CPU kernels'
 activation dtype). Both servers run their OpenMP workers with libgomp's default spin (each has
-the cores to itself; `--omp-spin-count` changes kvgate's). `int4-lm4` is int4 with
-`--lm-head-quantization int4` (the lm_head in int4 too, not only the layers). Ends with one line
-of JSON with int4_c1_vs_llamacpp and int4_c16_vs_llamacpp (and the int4_lm4_ ones).
+the cores to itself; `--omp-spin-count` changes kvgate's). The quantised rows' lm_head is the
+default w8a8 (int8 weights times int8 activations, as llama.cpp computes its Q8_0 output);
+`int4-lm8` is int4 with `--lm-head-quantization int8` (weight-only), `int4-lm4` with `int4`.
+Ends with one line of JSON with int4_c1_vs_llamacpp and int4_c16_vs_llamacpp (and the
+int4_lm8_ and int4_lm4_ ones).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from benchmarks.quant_quality import TEXT, weight_bytes
 FORMATS = {"fp32": dict(dtype="float32"), "bf16": dict(dtype="bfloat16"),
            "int8": dict(dtype="bfloat16", quantization="int8"),
            "int4": dict(dtype="bfloat16", quantization="int4"),
+           "int4-lm8": dict(dtype="bfloat16", quantization="int4", lm_head_quantization="int8"),
            "int4-lm4": dict(dtype="bfloat16", quantization="int4", lm_head_quantization="int4")}
 PROMPT_TOKENS, LONG_PROMPT_TOKENS = 110, 1000
 
@@ -104,7 +107,7 @@ def kvgate_row(name: str, flags: dict, args, say) -> dict:
     # no admission bound: a shared, loaded machine must slow the run down, not refuse it
     engine = {"dtype": flags["dtype"], "max_num_seqs": 32, "num_kv_blocks": 2048,
               "max_queue_delay_s": 3600,
-              "lm_head_quantization": flags.get("lm_head_quantization", "int8")}
+              **{k: v for k, v in flags.items() if k == "lm_head_quantization"}}
     # each server has the cores to itself: kvgate's workers spin as long as llama-server's
     os.environ["GOMP_SPINCOUNT"] = str(args.omp_spin_count)
     config = UpConfig(model="default", replicas=1, gateways=0, num_threads=args.threads,
@@ -156,7 +159,7 @@ def main() -> None:
         say(json.dumps(row))
     by = {r["server"]: r for r in rows}
     summary = {"threads": args.threads, "rows": rows}
-    for name in ("int4", "int4-lm4"):
+    for name in ("int4", "int4-lm8", "int4-lm4"):
         row, key = by.get(f"kvgate {name}"), name.replace("-", "_")
         if row and ll:
             summary[f"{key}_c1_vs_llamacpp"] = round(row["c1_tok_s"] / ll["c1_tok_s"], 3)

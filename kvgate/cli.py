@@ -55,9 +55,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "checkpoint's own, else none)")
     p.add_argument("--quantization-group-size", type=int, default=32, choices=[32, 64, 128],
                    help="int4 at load: input features per scale and min")
-    p.add_argument("--lm-head-quantization", default="int8", choices=["int8", "int4"],
-                   help="a quantised model's lm_head: int8 per channel, or int4 in groups (half "
-                        "the bytes read every step; SmolLM2: perplexity x1.063 against x1.0005)")
+    p.add_argument("--lm-head-quantization", default="w8a8", choices=["w8a8", "int8", "int4"],
+                   help="a quantised model's lm_head: w8a8 (int8 per channel times int8 "
+                        "activations per row, as llama.cpp computes its Q8_0 output; CPU), int8 "
+                        "weight-only, or int4 in groups (half the bytes; SmolLM2 perplexity "
+                        "x1.063)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")

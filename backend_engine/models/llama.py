@@ -24,7 +24,7 @@ from backend_engine.models.layer_halves import input_half, output_half, rms_norm
 from backend_engine.models.linear import RowAwareLinear
 from backend_engine.models.rotary import RotaryEmbedding
 from backend_engine.quant.formats import cat_rows, is_quantized
-from backend_engine.quant.prepare import lm_head_weight, prepare, quantize
+from backend_engine.quant.prepare import prepare, prepare_lm_head, quantize
 
 
 class DecoderLayer:
@@ -69,7 +69,7 @@ class LlamaModel:
                  max_positions: int, dtype: torch.dtype, device: str = "cpu",
                  calibrate_matmuls: bool = True, tp: TensorParallelGroup = SINGLE,
                  quantization: str | None = None, quant_group_size: int = 32,
-                 lm_head_quantization: str = "int8"):
+                 lm_head_quantization: str = "w8a8"):
         """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard."""
         self.config = config
         self.tp = tp
@@ -95,9 +95,9 @@ class LlamaModel:
         lm_head = weights["model.embed_tokens.weight"] if tied else weights["lm_head.weight"]
         if quantization or is_quantized(lm_head):
             # the largest single matrix (49152 x 576 in SmolLM2), read whole at every step:
-            # int8 per channel, or int4 where asked (half the bytes, more perplexity)
-            self.lm_head = prepare(lm_head_weight(lm_head, lm_head_quantization,
-                                                  quant_group_size), self.device, dtype)
+            # int8 per channel (times int8 activations by default), or int4 where asked
+            self.lm_head = prepare_lm_head(lm_head, lm_head_quantization, quant_group_size,
+                                           self.device, dtype)
         else:
             self.lm_head = self.embed if tied else self.to_compute(lm_head)
         self.layers = [DecoderLayer(weights, f"model.layers.{i}.", self)

@@ -2,6 +2,11 @@
 
 - int8: `torch._weight_int8pack_mm(x, int8 [N, K], scales [N])` (per-channel, oneDNN/ATen
   vectorised), which needs x and the scales in one dtype.
+- w8a8 (the lm_head only, `--lm-head-quantization w8a8`): int8 weights and int8 activations,
+  each row quantised on the fly by its own max |x| (symmetric, as uint8 around 128), multiplied
+  in integers by oneDNN (`onednn.qlinear_pointwise`, AVX512-VNNI here) and rescaled per row and
+  channel: what llama.cpp does for its Q8_0 output tensor. The integer sums are exact, so a
+  row's result does not depend on its batch.
 - int4: `aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)` over
   `aten._convert_weight_to_int4pack_for_cpu`'s blocked layout. Its dequantisation is
   w = (q - 8) * scale + zero, so our min becomes zero = min + 8 * scale; it packs N in tiles
@@ -25,6 +30,7 @@ from backend_engine.quant.formats import Int4Weight, Int8Weight
 aten = torch.ops.aten
 KERNEL_DTYPE = torch.bfloat16
 _N_TILE = 16  # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0
+_ACT_MAX, _ACT_ZERO = 127, 128  # w8a8: a row's max |x| maps to +-127, around uint8's 128
 
 
 @dataclass(slots=True, eq=False)
@@ -48,6 +54,36 @@ class CpuInt8Weight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.qweight.float() * self.scales_fp32[:, None]).to(dtype)
+
+
+@dataclass(slots=True, eq=False)
+class CpuW8A8Weight:
+    kind: ClassVar[str] = "w8a8_cpu"
+    packed: torch.Tensor  # oneDNN's blocked layout of int8 [N, K] (an opaque mkldnn tensor)
+    scales: torch.Tensor  # fp32 [N]
+    zero_points: torch.Tensor  # int32 zeros [N] (symmetric weights)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scales.shape[0], self.packed.shape[0]  # packed is stored [K, N]
+
+    @property
+    def nbytes(self) -> int:
+        n, k = self.shape
+        return n * k + self.scales.nbytes + self.zero_points.nbytes
+
+    @property
+    def device(self) -> torch.device:
+        return self.scales.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Exact: the kernel applied to the identity (1 and 0 quantise without error)."""
+        k = self.shape[1]
+        eye = torch.eye(k, dtype=torch.uint8) * _ACT_MAX + _ACT_ZERO
+        w = torch.ops.onednn.qlinear_pointwise(eye, 1.0 / _ACT_MAX, _ACT_ZERO, self.packed,
+                                               self.scales, self.zero_points, None, 1.0, 0,
+                                               torch.float32, "none", [], "")
+        return w.t().to(dtype)
 
 
 @dataclass(slots=True, eq=False)
@@ -91,6 +127,19 @@ def prepare_int8(w: Int8Weight) -> CpuInt8Weight:
     return CpuInt8Weight(w.qweight.contiguous(), scales.to(KERNEL_DTYPE), scales)
 
 
+def w8a8_available() -> bool:
+    """oneDNN's quantised matmul is built into this torch (x86 and Arm builds with mkldnn)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack")
+
+
+def prepare_w8a8(w: Int8Weight) -> CpuW8A8Weight:
+    n, k = w.shape
+    # laid out for one row (a decode step's lm_head); measured as fast as any layout at 16-64
+    packed = torch.ops.onednn.qlinear_prepack(w.qweight.contiguous(), [1, k])
+    return CpuW8A8Weight(packed, w.scales.float().contiguous(),
+                         torch.zeros(n, dtype=torch.int32))
+
+
 def prepare_int4(w: Int4Weight) -> CpuInt4Weight:
     n, k = w.shape
     pad = -n % _N_TILE
@@ -119,6 +168,16 @@ def _int8_mm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
     return _from_kernel(torch._weight_int8pack_mm(_to_kernel(x), w.qweight, w.scales), x.dtype)
 
 
+def _w8a8_mm(x: torch.Tensor, w: CpuW8A8Weight) -> torch.Tensor:
+    xf = x.float()
+    row_max = xf.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)  # 127 / max stays finite
+    qx = (xf * (_ACT_MAX / row_max)).round_().add_(_ACT_ZERO).to(torch.uint8)
+    y = torch.ops.onednn.qlinear_pointwise(qx, 1.0 / _ACT_MAX, _ACT_ZERO, w.packed, w.scales,
+                                           w.zero_points, None, 1.0, 0, torch.float32,
+                                           "none", [], "")
+    return (y * row_max).to(x.dtype)
+
+
 def _int4_mm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
     dtype = x.dtype
     if w.perm is not None:
@@ -139,4 +198,5 @@ def _int4_mm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
 FORMS = {
     CpuInt8Weight.kind: {"int8_mm": _int8_mm},
     CpuInt4Weight.kind: {"int4_mm": _int4_mm},
+    CpuW8A8Weight.kind: {"w8a8_mm": _w8a8_mm},
 }

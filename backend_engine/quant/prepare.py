@@ -14,7 +14,7 @@ from backend_engine.quant.formats import (Int4Weight, Int8Weight, LinearWeight, 
                                           quantize_int8, to_int8)
 
 QUANTIZE_AT_LOAD = ("int8", "int4")
-LM_HEAD_FORMATS = QUANTIZE_AT_LOAD  # --lm-head-quantization
+LM_HEAD_FORMATS = ("w8a8", "int8", "int4")  # --lm-head-quantization
 
 
 def quantize(w: LinearWeight, method: str | None, group_size: int, name: str) -> LinearWeight:
@@ -26,17 +26,22 @@ def quantize(w: LinearWeight, method: str | None, group_size: int, name: str) ->
     return quantize_int4(w, group_size, name)
 
 
-def lm_head_weight(w: LinearWeight, method: str, group_size: int) -> LinearWeight:
-    """A quantised model's lm_head: int8 per channel (the default), or int4 in groups of
-    `group_size`; an lm_head stored in that format already stays as stored."""
+def prepare_lm_head(w: LinearWeight, method: str, group_size: int,
+                    device: torch.device | str, dtype: torch.dtype) -> Any:
+    """A quantised model's lm_head, prepared: `w8a8` int8 per channel with int8 activations
+    per row (CPU with oneDNN; elsewhere int8 weight-only), `int8` weight-only per channel, or
+    `int4` in groups of `group_size`; an lm_head stored in that format already stays as stored."""
     if method not in LM_HEAD_FORMATS:
         raise ValueError(f"lm_head quantization must be one of {LM_HEAD_FORMATS}, not {method!r}")
-    if method == "int8":
-        return to_int8(w)
-    if isinstance(w, Int4Weight):
-        return w
-    return quantize_int4(w if isinstance(w, torch.Tensor) else w.dequantize(), group_size,
-                         "lm_head.weight")
+    if method == "int4":
+        if not isinstance(w, Int4Weight):
+            w = quantize_int4(w if isinstance(w, torch.Tensor) else w.dequantize(), group_size,
+                              "lm_head.weight")
+        return prepare(w, device, dtype)
+    w = to_int8(w)
+    if method == "w8a8" and torch.device(device).type == "cpu" and cpu.w8a8_available():
+        return cpu.prepare_w8a8(w)
+    return prepare(w, device, dtype)
 
 
 def prepare(w: LinearWeight, device: torch.device | str, dtype: torch.dtype) -> Any:

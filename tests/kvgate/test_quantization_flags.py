@@ -23,9 +23,10 @@ def test_engine_flag_sets_the_method_and_group_size():
 
 def test_engine_flag_sets_the_lm_head_format():
     parse = build_parser().parse_args
-    assert engine_config_from_args(parse(["engine"])).lm_head_quantization == "int8"
-    args = parse(["engine", "--quantization", "int4", "--lm-head-quantization", "int4"])
-    assert engine_config_from_args(args).lm_head_quantization == "int4"
+    assert engine_config_from_args(parse(["engine"])).lm_head_quantization == "w8a8"
+    for method in ("w8a8", "int8", "int4"):
+        args = parse(["engine", "--quantization", "int4", "--lm-head-quantization", method])
+        assert engine_config_from_args(args).lm_head_quantization == method
 
 
 def test_up_passes_the_lm_head_format_from_the_engine_section(tmp_path):

@@ -47,8 +47,8 @@ def test_engine_serves_the_checkpoint_like_its_fp_values(tmp_path, method, group
     ids = torch.tensor(llm.tokenizer.encode("The quick brown fox jumps over the lazy dog"))
     logits = _prompt_logits(model, ids)
     ref = _prompt_logits(ref_model, ids)
-    assert model.lm_head.kind == "int8_cpu"  # AWQ/GPTQ store it unquantised: int8 per channel
-    # bf16 activations in the int4 kernel and an int8 lm_head: close, not bit-equal
+    assert model.lm_head.kind == "w8a8_cpu"  # AWQ/GPTQ store it unquantised: int8 per channel
+    # bf16 activations in the int4 kernel and int8 ones in the lm_head: close, not bit-equal
     assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()
     out = llm.generate(["Hello there"], SamplingParams(temperature=0, max_tokens=8))
     assert len(out[0].outputs[0].token_ids) == 8
@@ -86,8 +86,8 @@ def test_a_flag_that_contradicts_the_checkpoint_names_both(tmp_path):
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-@pytest.mark.parametrize("lm_head", ["int8", "int4"])
-def test_a_quantised_lm_head_is_int8_unless_int4_is_asked_for(quantization, lm_head):
+@pytest.mark.parametrize("lm_head", ["w8a8", "int8", "int4"])
+def test_a_quantised_lm_head_takes_the_asked_format(quantization, lm_head):
     llm = LLM("tiny-random", quantization=quantization, lm_head_quantization=lm_head,
               num_kv_blocks=16, compile_layers="off", compile_attention="off")
     model = llm.engine.runner.model
@@ -95,6 +95,9 @@ def test_a_quantised_lm_head_is_int8_unless_int4_is_asked_for(quantization, lm_h
     assert model.lm_head.kind == f"{lm_head}_cpu"
     fp = model.embed.float()  # tied: the lm_head is the embedding, quantised
     torch.testing.assert_close(model.lm_head.dequantize(), fp, atol=fp.abs().max() / 7, rtol=0)
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+    assert_no_leaks(llm.engine)
 
 
 def test_an_unknown_lm_head_format_is_refused():

@@ -103,6 +103,28 @@ def test_every_cpu_form_matches_dequantize_then_matmul(name, make, rows, dtype):
         assert (out.float() - ref).abs().max() <= 2e-2 * scale, form
 
 
+@pytest.mark.skipif(not cpu.w8a8_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_is_close_to_dequantize_then_matmul_and_a_row_ignores_its_batch(dtype):
+    w = quantize_int8(_weight(40, 128))
+    prepared = cpu.prepare_w8a8(w)
+    assert prepared.kind == "w8a8_cpu" and prepared.shape == (40, 128)
+    torch.testing.assert_close(prepared.dequantize(), w.dequantize(), atol=0, rtol=1e-6)
+    x = torch.randn(33, 128, dtype=dtype) * torch.linspace(0.01, 30, 33)[:, None].to(dtype)
+    x[5] = 0  # a zero row: no division by zero
+    linear = RowAwareLinear()
+    out = linear(x, prepared)
+    assert out.dtype == dtype and out.shape == (33, 40) and torch.isfinite(out).all()
+    assert not out[5].any()
+    ref = F.linear(x.float(), w.dequantize())
+    # each row's activations in 8 bits by its own max: the error scales with the row
+    err = (out.float() - ref).abs().amax(dim=1)
+    assert (err <= 2e-2 * ref.abs().amax(dim=1) + 1e-6).all()
+    for i in (0, 5, 17, 32):  # a row's bits are the same alone as in any batch
+        assert torch.equal(linear(x[i:i + 1], prepared)[0], out[i])
+    assert torch.equal(linear(x[3:20], prepared), out[3:20])
+
+
 def test_calibration_times_a_quantised_kind_only_when_it_has_a_choice(monkeypatch):
     import backend_engine.models.linear as module
 
