@@ -60,7 +60,8 @@ class CpuInt8Weight:
 class CpuW8A8Weight:
     kind: ClassVar[str] = "w8a8_cpu"
     packed: torch.Tensor  # oneDNN's blocked layout of int8 [N, K] (an opaque mkldnn tensor)
-    scales: torch.Tensor  # fp32 [N]
+    scales: torch.Tensor  # fp32 [N], applied after the kernel (see _w8a8_mm)
+    unit_scales: torch.Tensor  # fp32 ones [N]: what the kernel is given
     zero_points: torch.Tensor  # int32 zeros [N] (symmetric weights)
 
     @property
@@ -70,20 +71,18 @@ class CpuW8A8Weight:
     @property
     def nbytes(self) -> int:
         n, k = self.shape
-        return n * k + self.scales.nbytes + self.zero_points.nbytes
+        return n * k + self.scales.nbytes + self.unit_scales.nbytes + self.zero_points.nbytes
 
     @property
     def device(self) -> torch.device:
         return self.scales.device
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Exact: the kernel applied to the identity (1 and 0 quantise without error)."""
+        """Exact: the kernel's integer sums over the identity are the int8 weights."""
         k = self.shape[1]
-        eye = torch.eye(k, dtype=torch.uint8) * _ACT_MAX + _ACT_ZERO
-        w = torch.ops.onednn.qlinear_pointwise(eye, 1.0 / _ACT_MAX, _ACT_ZERO, self.packed,
-                                               self.scales, self.zero_points, None, 1.0, 0,
-                                               torch.float32, "none", [], "")
-        return w.t().to(dtype)
+        eye = torch.eye(k, dtype=torch.uint8) + _ACT_ZERO
+        q = _w8a8_sums(eye, self)
+        return (q.t() * self.scales[:, None]).to(dtype)
 
 
 @dataclass(slots=True, eq=False)
@@ -136,7 +135,7 @@ def prepare_w8a8(w: Int8Weight) -> CpuW8A8Weight:
     n, k = w.shape
     # laid out for one row (a decode step's lm_head); measured as fast as any layout at 16-64
     packed = torch.ops.onednn.qlinear_prepack(w.qweight.contiguous(), [1, k])
-    return CpuW8A8Weight(packed, w.scales.float().contiguous(),
+    return CpuW8A8Weight(packed, w.scales.float().contiguous(), torch.ones(n),
                          torch.zeros(n, dtype=torch.int32))
 
 
@@ -168,14 +167,22 @@ def _int8_mm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
     return _from_kernel(torch._weight_int8pack_mm(_to_kernel(x), w.qweight, w.scales), x.dtype)
 
 
+def _w8a8_sums(qx: torch.Tensor, w: CpuW8A8Weight) -> torch.Tensor:
+    """The integer sums (qx - 128) . q as fp32, from oneDNN with unit scales. They are exact in
+    int32 and their conversion is a function of the sum alone, so a row's result does not
+    depend on its batch; with the real scales in the kernel it did not hold on this machine's
+    AMX CPU (oneDNN's small-matrix kernel applied them in another order)."""
+    return torch.ops.onednn.qlinear_pointwise(qx, 1.0, _ACT_ZERO, w.packed, w.unit_scales,
+                                              w.zero_points, None, 1.0, 0, torch.float32,
+                                              "none", [], "")
+
+
 def _w8a8_mm(x: torch.Tensor, w: CpuW8A8Weight) -> torch.Tensor:
     xf = x.float()
     row_max = xf.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)  # 127 / max stays finite
     qx = (xf * (_ACT_MAX / row_max)).round_().add_(_ACT_ZERO).to(torch.uint8)
-    y = torch.ops.onednn.qlinear_pointwise(qx, 1.0 / _ACT_MAX, _ACT_ZERO, w.packed, w.scales,
-                                           w.zero_points, None, 1.0, 0, torch.float32,
-                                           "none", [], "")
-    return (y * row_max).to(x.dtype)
+    y = _w8a8_sums(qx, w).mul_(w.scales)
+    return y.mul_(row_max / _ACT_MAX).to(x.dtype)
 
 
 def _int4_mm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:

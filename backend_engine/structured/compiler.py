@@ -46,6 +46,16 @@ _JSON_CHARS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
 _ANY_WHITESPACE = "[ \\n\\r\\t]* "
 _WHITESPACE_RULE = "kvgate_whitespace"
 
+# xgrammar (0.2.x) prints a code point below U+0100 as \xHH but reads \x with every hex digit
+# that follows, so "é" then "a" printed as "\xe9a" reads back as U+0E9A. Before a printed
+# grammar is read back, each \xHH becomes \u00HH (\u takes exactly four digits).
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|[\s\S])")
+
+
+def _unambiguous_escapes(text: str) -> str:
+    return _ESCAPE.sub(lambda m: "\\u00" + m[1][1:] if m[1][0] == "x" and len(m[1]) == 3
+                       else m[0], text)
+
 
 def tightened(grammar: xgr.Grammar, bound_whitespace: bool = False) -> xgr.Grammar:
     """The grammar with JSON strings held to JSON's characters and, if asked, whitespace runs
@@ -58,8 +68,8 @@ def tightened(grammar: xgr.Grammar, bound_whitespace: bool = False) -> xgr.Gramm
     if new == text:
         return grammar
     try:
-        return xgr.Grammar.from_ebnf(new)
-    except RuntimeError:  # never seen: xgrammar prints grammars it can read back
+        return xgr.Grammar.from_ebnf(_unambiguous_escapes(new))
+    except RuntimeError:  # never seen: with the escapes above, it reads back what it printed
         log.warning("could not tighten the JSON in a grammar; using it as built")
         return grammar
 

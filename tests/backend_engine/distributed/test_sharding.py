@@ -74,12 +74,14 @@ def test_column_and_row_parallel_shards_sum_to_the_full_products():
     gate, up, down = (p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down"))
     mlp = F.linear(F.silu(F.linear(x, full[gate])) * F.linear(x, full[up]), full[down])
     summed = sum(F.linear(F.silu(F.linear(x, s[gate])) * F.linear(x, s[up]), s[down]) for s in parts)
-    torch.testing.assert_close(summed, mlp)
+    # the shards split each reduction over K in two, so the fp32 sums round differently
+    reassociated = dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(summed, mlp, **reassociated)
     q, o = p + "self_attn.q_proj.weight", p + "self_attn.o_proj.weight"
     heads_out = torch.randn(3, full[q].shape[0])  # what attention hands to o_proj, per head
     per_rank = heads_out.chunk(2, dim=-1)  # rank r computes its own heads
     torch.testing.assert_close(sum(F.linear(h, s[o]) for h, s in zip(per_rank, parts)),
-                               F.linear(heads_out, full[o]))
+                               F.linear(heads_out, full[o]), **reassociated)
     torch.testing.assert_close(torch.cat([s[q] for s in parts]), full[q])
 
 

@@ -44,6 +44,20 @@ def test_json_schema_output_validates_for_every_choice(tiny_llm):
     assert_no_leaks(tiny_llm.engine)
 
 
+def test_non_ascii_text_before_a_hex_digit_survives_the_grammar_rewrite(tiny_llm):
+    # xgrammar prints "é" then "a" as "\xe9a", which it would read back as U+0E9A; a bounded
+    # string makes the engine rewrite (print and read back) the grammar
+    schema = {"type": "object", "additionalProperties": False,
+              "required": ["name", "code", "note"],
+              "properties": {"name": {"enum": ["éa", "ÿF0"]}, "code": {"const": "ñ1"},
+                             "note": {"type": "string", "maxLength": 2}}}
+    out = tiny_llm.generate("JSON:", constrained(json=schema, n=4, temperature=1.0, seed=3,
+                                                 max_tokens=300))
+    for choice in out[0].outputs:
+        assert choice.finish_reason == "stop", choice.text
+        jsonschema.validate(json.loads(choice.text), schema)
+
+
 @pytest.mark.parametrize("spec,check", [
     ({"regex": r"[0-9]{3}-[a-z]{2,4}"}, lambda t: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", t)),
     ({"choice": ["yes", "no", "maybe so"]}, lambda t: t in ("yes", "no", "maybe so")),
