@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 SCHEDULING_POLICIES = ("priority", "fcfs")
 KV_ROLES = ("both", "prefill", "decode")
+QUANTIZED_PREFILL = ("auto", "dequant", "kernel")
 
 
 @dataclass(slots=True)
@@ -20,6 +21,9 @@ class EngineConfig:
     #   activations int8 per row: llama.cpp's Q8_0 output; CPU with oneDNN, else as "int8") |
     #   "int8" (weight-only) | "int4" (groups of quantization_group_size: half the bytes, more
     #   perplexity)
+    quantized_prefill: str = "auto"  # a quantised model's prompt tokens on CPU: "dequant" (weights
+    #   dequantised to bf16 per call, a GEMM in fixed 64-row tiles: quant/cpu_gemm.py) | "kernel"
+    #   (the weight-only kernel, as generated tokens) | "auto" (dequant where measured faster)
     device: str = "cpu"  # "cpu" | "cuda"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"
@@ -88,6 +92,8 @@ class EngineConfig:
             raise ValueError("quantization_group_size must be 32, 64 or 128")
         if self.lm_head_quantization not in ("w8a8", "int8", "int4"):
             raise ValueError("lm_head_quantization must be w8a8, int8 or int4")
+        if self.quantized_prefill not in QUANTIZED_PREFILL:
+            raise ValueError(f"quantized_prefill must be one of {QUANTIZED_PREFILL}")
         if self.target_itl_ms is not None and self.target_itl_ms <= 0:
             raise ValueError("target_itl_ms must be positive (or None for a fixed budget)")
         if self.min_prefill_tokens < 1:

@@ -67,7 +67,8 @@ class ModelRunner:
         self.model = LlamaModel(hf_config, weights, self.attention, max_model_len, self.dtype,
                                 config.device, tp=tp, quantization=quantization,
                                 quant_group_size=config.quantization_group_size,
-                                lm_head_quantization=config.lm_head_quantization)
+                                lm_head_quantization=config.lm_head_quantization,
+                                quantized_prefill=config.quantized_prefill)
         self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
         shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
@@ -133,8 +134,14 @@ class ModelRunner:
 
     def prepare(self, batch: StepBatch) -> StepInputs:
         """Inputs of one step. Python work is O(new tokens + blocks), never O(context)."""
-        decodes = [i for i, tokens in enumerate(batch.token_ids) if len(tokens) == 1]
-        prefills = [i for i, tokens in enumerate(batch.token_ids) if len(tokens) > 1]
+        prompt_lens = batch.num_prompt_tokens
+        # with prompt forms (LlamaModel.prompt_gemm), prompt tokens but the last are "prompt
+        # rows" (PrefillChunk.prompt_rows), a lone one too; the last is computed as a decode
+        lone_prompt = self.model.prompt_gemm and bool(prompt_lens)
+        decodes = [i for i, tokens in enumerate(batch.token_ids) if len(tokens) == 1
+                   and not (lone_prompt and batch.num_computed_tokens[i] < prompt_lens[i] - 1)]
+        taken = set(decodes)
+        prefills = [i for i in range(len(batch.token_ids)) if i not in taken]
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -161,7 +168,9 @@ class ModelRunner:
             n = len(batch.token_ids[i])
             ctx = batch.num_computed_tokens[i] + n
             table = torch.tensor(batch.block_ids[i][:-(-ctx // bs)], dtype=torch.long)
-            meta.prefills.append(PrefillChunk(offset, n, ctx, table))
+            start = batch.num_computed_tokens[i]
+            prompt_rows = min(max(prompt_lens[i] - 1 - start, 0), n) if prompt_lens else None
+            meta.prefills.append(PrefillChunk(offset, n, ctx, table, prompt_rows))
             offset += n
         if self.device.type != "cpu":
             self._move_to_device(meta)

@@ -17,6 +17,7 @@ class StepBatch:
     num_computed_tokens: list[int] = field(default_factory=list)  # position of the first token
     num_tokens: list[int] = field(default_factory=list)  # real tokens; drafts beyond are verified
     block_ids: list[list[int]] = field(default_factory=list)  # the block table
+    num_prompt_tokens: list[int] = field(default_factory=list)  # the prompt's length
 
     @classmethod
     def of(cls, scheduled: list[tuple[Sequence, int]]) -> StepBatch:
@@ -28,6 +29,7 @@ class StepBatch:
             batch.num_computed_tokens.append(start)
             batch.num_tokens.append(seq.num_tokens)
             batch.block_ids.append(seq.block_ids)  # kept in step with block_table: O(1)
+            batch.num_prompt_tokens.append(seq.num_prompt_tokens)
         return batch
 
     def __len__(self) -> int:

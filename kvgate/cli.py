@@ -60,6 +60,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "activations per row, as llama.cpp computes its Q8_0 output; CPU), int8 "
                         "weight-only, or int4 in groups (half the bytes; SmolLM2 perplexity "
                         "x1.063)")
+    p.add_argument("--quantized-prefill", default="auto", choices=["auto", "dequant", "kernel"],
+                   help="a quantised model's prompt tokens on CPU: dequant (weights dequantised "
+                        "to bf16 per call, then a GEMM in fixed 64-row tiles, so chunking changes "
+                        "no bit), kernel (the weight-only kernel generated tokens use), auto "
+                        "(dequant where measured faster at start-up)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -121,6 +126,7 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         quantization=args.quantization,
         quantization_group_size=args.quantization_group_size,
         lm_head_quantization=args.lm_head_quantization,
+        quantized_prefill=args.quantized_prefill,
         device=args.device,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,

@@ -19,6 +19,9 @@ class PrefillChunk:
     query_len: int
     context_len: int  # cached prefix + this chunk
     block_table: torch.Tensor  # [ceil(context_len / block_size)] the context's blocks, in order
+    prompt_rows: int | None = None  # leading rows that are prompt tokens but the prompt's last
+    #   (the rest: the last prompt token, generated tokens recomputed, or a decode row and its
+    #   drafts), for LlamaModel.prompt_gemm; None: all of them
 
 
 @dataclass(slots=True)
@@ -35,13 +38,47 @@ class AttentionMetadata:
         """The prefill chunks alone, their rows counted from 0 (for decode rows run apart)."""
         nd = self.num_decode_tokens
         return AttentionMetadata(self.slot_mapping[nd:], prefills=[
-            PrefillChunk(c.query_start - nd, c.query_len, c.context_len, c.block_table)
-            for c in self.prefills])
+            PrefillChunk(c.query_start - nd, c.query_len, c.context_len, c.block_table,
+                         c.prompt_rows) for c in self.prefills])
+
+    def split_prompt_rows(self) -> tuple[RowsPart, RowsPart]:
+        """(the prompt tokens' rows, every other row), each with metadata of its own that
+        counts its rows from 0; a chunk holding both splits in two, its prompt rows first (run
+        that part first: the other's attention reads its K/V). Decode rows are not prompt
+        rows. Host-side (CPU) metadata only."""
+        prompt_rows: list[int] = []
+        other_rows: list[int] = list(range(self.num_decode_tokens))
+        prompt_chunks: list[PrefillChunk] = []
+        other_chunks: list[PrefillChunk] = []
+        for c in self.prefills:
+            n = c.query_len if c.prompt_rows is None else c.prompt_rows
+            if n:
+                prompt_chunks.append(PrefillChunk(len(prompt_rows), n, c.context_len
+                                                  - (c.query_len - n), c.block_table, n))
+                prompt_rows.extend(range(c.query_start, c.query_start + n))
+            if n < c.query_len:
+                other_chunks.append(PrefillChunk(len(other_rows), c.query_len - n,
+                                                 c.context_len, c.block_table, 0))
+                other_rows.extend(range(c.query_start + n, c.query_start + c.query_len))
+        prompt = torch.tensor(prompt_rows, dtype=torch.long)
+        other = torch.tensor(other_rows, dtype=torch.long)
+        return (RowsPart(prompt, AttentionMetadata(self.slot_mapping[prompt],
+                                                   prefills=prompt_chunks)),
+                RowsPart(other, AttentionMetadata(
+                    self.slot_mapping[other], self.num_decode_tokens, self.decode_block_tables,
+                    self.decode_context_lens, other_chunks)))
 
     @property
     def max_decode_context_len(self) -> int:
         lens = self.decode_context_lens
         return 0 if lens is None or not len(lens) else int(lens.max())
+
+
+@dataclass(slots=True)
+class RowsPart:
+    """Some of a step's rows (indices into its flat token list) and their own metadata."""
+    rows: torch.Tensor  # long [n]
+    meta: AttentionMetadata
 
 
 @dataclass(slots=True)

@@ -21,40 +21,54 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import torch
 from torch.fx.experimental import _config as fx_config
 
 from backend_engine.attention.compiled_decode import own_copy
-from backend_engine.models.layer_halves import input_half, output_half, rms_norm
+from backend_engine.models.layer_halves import input_half, output_half, rms_norm, traced_linear
 
 log = logging.getLogger("kvgate.engine")
 
 
 def _between(attn, residual, o_weight, post_norm, gate_up_weight, down_weight,
              next_norm, next_qkv_weight, next_qkv_bias, cos, sin,
-             eps: float, heads: int, kv_heads: int, head_dim: int):
-    hidden = output_half(attn, residual, o_weight, post_norm, gate_up_weight, down_weight, eps)
+             eps: float, heads: int, kv_heads: int, head_dim: int,
+             linear: Callable = traced_linear):
+    hidden = output_half(attn, residual, o_weight, post_norm, gate_up_weight, down_weight, eps,
+                         linear)
     q, k, v = input_half(hidden, next_norm, next_qkv_weight, next_qkv_bias, cos, sin, eps,
-                         heads, kv_heads, head_dim)
+                         heads, kv_heads, head_dim, linear)
     return hidden, q, k, v
 
 
 def _last(attn, residual, o_weight, post_norm, gate_up_weight, down_weight, final_norm,
-          eps: float):
-    hidden = output_half(attn, residual, o_weight, post_norm, gate_up_weight, down_weight, eps)
+          eps: float, linear: Callable = traced_linear):
+    hidden = output_half(attn, residual, o_weight, post_norm, gate_up_weight, down_weight, eps,
+                         linear)
     return rms_norm(hidden, final_norm, eps)
 
 
 EAGER = {"first": input_half, "between": _between, "last": _last}
 
 
+def _with_linear(fn: Callable, linear: Callable) -> Callable:
+    def entry(*args):
+        return fn(*args, linear=linear)
+    return entry
+
+
 class CompiledLayers:
     """The three compiled entry points (first input half, between two attentions, last output
-    half + final norm) for one model shape; `failed` once compiling did not work here."""
+    half + final norm) for one model shape, with one linear (`traced_linear`, or
+    `prompt_linear` for a quantised model's prompt rows); `failed` once compiling did not work
+    here."""
 
-    def __init__(self) -> None:
-        compile_ = lambda fn: torch.compile(own_copy(fn), dynamic=False, fullgraph=True)
+    def __init__(self, linear: Callable = traced_linear) -> None:
+        compile_ = lambda fn: torch.compile(own_copy(_with_linear(own_copy(fn), linear)),
+                                            dynamic=False, fullgraph=True)
+        self.linear = linear
         self.first = compile_(input_half)
         self.between = compile_(_between)
         self.last = compile_(_last)
@@ -64,7 +78,7 @@ class CompiledLayers:
         """The entry point `name` ("first", "between" or "last") on args, with dim 0 (the rows)
         of args[i] for i in rows_at dynamic; eager if it cannot be compiled here."""
         if self.failed:
-            return EAGER[name](*args)
+            return EAGER[name](*args, linear=self.linear)
         fn = getattr(self, name)
         if args[rows_at[0]].shape[0] > 1:  # one row specialises: its own graph
             for i in rows_at:
@@ -76,16 +90,16 @@ class CompiledLayers:
             self.failed = True
             log.warning("compiled layers are unavailable here (%s: %s); running them eager",
                         type(exc).__name__, str(exc).splitlines()[0][:200])
-            return EAGER[name](*args)
+            return EAGER[name](*args, linear=self.linear)
 
 
 _lock = threading.Lock()
 _shared: dict[tuple, CompiledLayers] = {}
 
 
-def compiled_layers(key: tuple) -> CompiledLayers:
-    """One CompiledLayers per model shape and dtypes in a process (engines share it)."""
+def compiled_layers(key: tuple, linear: Callable = traced_linear) -> CompiledLayers:
+    """One CompiledLayers per model shape, dtypes and linear in a process (engines share it)."""
     with _lock:
-        if key not in _shared:
-            _shared[key] = CompiledLayers()
-        return _shared[key]
+        if (key, linear) not in _shared:
+            _shared[key, linear] = CompiledLayers(linear)
+        return _shared[key, linear]

@@ -4,7 +4,8 @@ rotary) and the output half (o projection, residual, norm, gated MLP, residual).
 Attention in between reads and writes the paged KV cache and sees which rows belong to which
 sequence; these halves treat every row alike. Eager layers (llama.py) call them with the
 model's `RowAwareLinear` and tensor-parallel all-reduce; compiled layers (compiled_layers.py)
-with `traced_linear`, which is what RowAwareLinear does for quantised CPU weights.
+with `traced_linear`, which is what RowAwareLinear does for quantised CPU weights. A quantised
+model's prompt rows may run both with `prompt_linear` instead (LlamaModel.prompt_gemm).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 from backend_engine.models.rotary import RotaryEmbedding
 from backend_engine.quant.prepare import forms as quant_forms
+from backend_engine.quant.prepare import prompt_form
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -31,6 +33,16 @@ def traced_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> 
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
     y = next(iter(quant_forms(weight.kind).values()))(x.reshape(-1, x.shape[-1]), weight)
+    return y if bias is None else y + bias
+
+
+def prompt_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What prompt rows run: a quantised weight's prompt form (dequantise, then a GEMM in
+    fixed row tiles), else as `traced_linear`."""
+    form = None if isinstance(weight, torch.Tensor) else prompt_form(weight.kind)
+    if form is None:
+        return traced_linear(x, weight, bias)
+    y = form(x.reshape(-1, x.shape[-1]), weight)
     return y if bias is None else y + bias
 
 

@@ -15,7 +15,8 @@ power-of-two row bucket by timing the candidates over the model's own weights, o
 
 Quantised weights (backend_engine/quant) come through the same call: their prepared layout names
 its kind, and the kind's forms (e.g. int8 weight-only kernel vs dequantise-then-GEMM) are chosen
-the same way, per shape and bucket; above the last bucket the last bucket's choice holds.
+the same way, per shape and bucket; above the last bucket the last bucket's choice holds. Their
+prompt rows may take one more form, chosen once for all row counts (`prompt_gemm_faster`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from backend_engine.quant.prepare import forms as quant_forms
+from backend_engine.quant.prepare import prompt_form
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MARGIN = 0.95  # another form must be at least 5 % faster than F.linear to be chosen
@@ -63,10 +65,19 @@ def _bucket(rows: int) -> int:
 
 
 def _fastest(candidates: dict[str, Form], weights: list, x: torch.Tensor, repeats: int) -> str:
+    """The fastest candidate form over `weights` (`_timings`). The first candidate is the
+    default, which another must beat by the margin."""
+    fastest = _timings(candidates, weights, x, repeats)
+    names = list(candidates)
+    best = min(names, key=fastest.__getitem__)
+    return best if fastest[best] < MARGIN * fastest[names[0]] else names[0]
+
+
+def _timings(candidates: dict[str, Form], weights: list, x: torch.Tensor,
+             repeats: int) -> dict[str, float]:
     """Time each candidate form over a pass through all `weights` (so they come from memory,
     as in a decode step, not from cache); passes alternate between forms, and each form's
-    fastest pass counts, since a noisy neighbour can only slow a pass down. The first candidate
-    is the default, which another must beat by the margin."""
+    fastest pass counts, since a noisy neighbour can only slow a pass down."""
     names = list(candidates)
     times: dict[str, list[float]] = {name: [] for name in names}
     for name in names:
@@ -78,9 +89,35 @@ def _fastest(candidates: dict[str, Form], weights: list, x: torch.Tensor, repeat
             for weight in weights:
                 form(x, weight)
             times[name].append(time.perf_counter() - start)
-    fastest = {name: min(t) for name, t in times.items()}  # interference only adds time
-    best = min(names, key=fastest.__getitem__)
-    return best if fastest[best] < MARGIN * fastest[names[0]] else names[0]
+    return {name: min(t) for name, t in times.items()}  # interference only adds time
+
+
+PROMPT_ROWS = 128  # rows prompt_gemm_faster times: a short prompt's chunk
+
+
+def prompt_gemm_faster(groups: list[list], dtype: torch.dtype = torch.float32,
+                       repeats: int = 3) -> bool:
+    """Whether the quantised weights' prompt form (dequantise, then GEMM in row tiles) beats
+    their kernel by the margin at `PROMPT_ROWS` rows, over one of each group's weights (e.g.
+    a layer's qkv, o, gate_up and down), summed; measured once per process and shape. Prompt
+    rows take one form whatever their count (a row's bits may not depend on its chunk), so
+    it is chosen once for all, not per bucket."""
+    total = {"kernel": 0.0, "gemm": 0.0}
+    for weights in groups:
+        shape, kind = _key(weights[0])
+        key = ("prompt", shape, kind, dtype)
+        with _lock:
+            if key not in _measured:
+                x = torch.randn(PROMPT_ROWS, shape[1], dtype=dtype)
+                candidates = {"kernel": next(iter(quant_forms(kind).values())),
+                              "gemm": prompt_form(kind)}
+                # compute-bound at this row count: a few layers' weights tell
+                _measured[key] = _timings(candidates, weights[:4], x, repeats)
+            for name, seconds in _measured[key].items():
+                total[name] += seconds
+    log.info("prompt rows at %d rows: kernel %.1f ms, dequantise + GEMM %.1f ms",
+             PROMPT_ROWS, 1e3 * total["kernel"], 1e3 * total["gemm"])
+    return total["gemm"] < MARGIN * total["kernel"]
 
 
 def _candidates(weight, rows: int) -> dict[str, Form]:

@@ -10,6 +10,8 @@ int8/int4); either way it goes through `RowAwareLinear`, so the layer code has n
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from backend_engine.attention.backend import AttentionBackend
@@ -20,11 +22,11 @@ from backend_engine.distributed.vocab import embed_tokens, gather_logits
 from backend_engine.errors import ModelLoadError
 from backend_engine.models.compiled_layers import CompiledLayers, compiled_layers
 from backend_engine.models.decode_graph import DecodeGraph
-from backend_engine.models.layer_halves import input_half, output_half, rms_norm
-from backend_engine.models.linear import RowAwareLinear
+from backend_engine.models.layer_halves import input_half, output_half, prompt_linear, rms_norm
+from backend_engine.models.linear import RowAwareLinear, prompt_gemm_faster
 from backend_engine.models.rotary import RotaryEmbedding
 from backend_engine.quant.formats import cat_rows, is_quantized
-from backend_engine.quant.prepare import prepare, prepare_lm_head, quantize
+from backend_engine.quant.prepare import prepare, prepare_lm_head, prompt_form, quantize
 
 
 class DecoderLayer:
@@ -52,15 +54,17 @@ class DecoderLayer:
         self.model = model
 
     def __call__(self, hidden, positions, k_cache, v_cache, meta: AttentionMetadata,
-                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 linear: Callable | None = None):
         m = self.model
+        linear = linear or m.linear
         q, k, v = input_half(hidden, self.input_norm, self.qkv_weight, self.qkv_bias,
                              *(cos_sin or m.rotary.cos_sin(positions)), m.eps, m.num_heads,
-                             m.num_kv_heads, m.head_dim, m.linear)
+                             m.num_kv_heads, m.head_dim, linear)
         m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale)
         return output_half(attn, hidden, self.o_weight, self.post_attn_norm,
-                           self.gate_up_weight, self.down_weight, m.eps, m.linear,
+                           self.gate_up_weight, self.down_weight, m.eps, linear,
                            m.tp.all_reduce)
 
 
@@ -69,8 +73,10 @@ class LlamaModel:
                  max_positions: int, dtype: torch.dtype, device: str = "cpu",
                  calibrate_matmuls: bool = True, tp: TensorParallelGroup = SINGLE,
                  quantization: str | None = None, quant_group_size: int = 32,
-                 lm_head_quantization: str = "w8a8"):
-        """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard."""
+                 lm_head_quantization: str = "w8a8", quantized_prefill: str = "auto"):
+        """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard.
+        quantized_prefill: how prompt tokens multiply quantised weights on CPU ("dequant",
+        "kernel", or "auto": dequant where measured faster; `prompt_gemm` says which)."""
         self.config = config
         self.tp = tp
         self.layout = shard_layout(config, tp.rank, tp.size)
@@ -104,14 +110,27 @@ class LlamaModel:
                        for i in range(self.num_layers)]
         self.linear = RowAwareLinear()
         self.compiled: CompiledLayers | None = None  # use_compiled_layers()
+        self.compiled_prompt: CompiledLayers | None = None  # the same with prompt forms
         self.decode_graph: DecodeGraph | None = None  # use_compiled_layers(kv_caches)
         if calibrate_matmuls and self.device.type == "cpu":
-            layers = self.layers
-            self.linear.calibrate([[layer.qkv_weight for layer in layers],
-                                   [layer.o_weight for layer in layers],
-                                   [layer.gate_up_weight for layer in layers],
-                                   [layer.down_weight for layer in layers], [self.lm_head]],
-                                  dtype=dtype)
+            self.linear.calibrate([*self._weight_groups(), [self.lm_head]], dtype=dtype)
+        # prompt rows through dequantise-then-GEMM (quant/cpu_gemm.py); one rank only, since
+        # ranks deciding apart would run different passes around their all-reduces
+        self.prompt_gemm = (quantized_prefill != "kernel" and self.device.type == "cpu"
+                            and tp.size == 1 and self._has_prompt_forms())
+        if self.prompt_gemm and quantized_prefill == "auto":
+            self.prompt_gemm = prompt_gemm_faster(self._weight_groups(), dtype)
+
+    def _weight_groups(self) -> list[list]:
+        """Each layer's weights by role: qkv, o, gate_up, down."""
+        layers = self.layers
+        return [[layer.qkv_weight for layer in layers], [layer.o_weight for layer in layers],
+                [layer.gate_up_weight for layer in layers],
+                [layer.down_weight for layer in layers]]
+
+    def _has_prompt_forms(self) -> bool:
+        return all(not isinstance(w, torch.Tensor) and prompt_form(w.kind) is not None
+                   for group in self._weight_groups() for w in group)
 
     def to_compute(self, t: torch.Tensor) -> torch.Tensor:
         """Embeddings, norms and biases: the compute dtype on the model's device."""
@@ -134,6 +153,7 @@ class LlamaModel:
                layer.qkv_bias is not None,
                *((type(w), tuple(w.shape), getattr(w, "group_size", None)) for w in weights))
         compiled = compiled_layers(key)
+        prompt = compiled_layers(key, prompt_linear) if self.prompt_gemm else None
         hidden_size = self.embed.shape[1]
         with torch.inference_mode():  # inference tensors, as in the engine's steps
             for rows in (1, 3):
@@ -142,10 +162,13 @@ class LlamaModel:
                                    device=self.device)
                 cos, sin = self.rotary.cos_sin(torch.zeros(rows, dtype=torch.long,
                                                            device=self.device))
-                self._run_compiled(compiled, hidden, cos, sin, attn)
+                for entry in filter(None, (compiled, prompt)):
+                    self._run_compiled(entry, hidden, cos, sin, attn)
         if compiled.failed:
             return False
         self.compiled = compiled
+        # prompt passes run eager if their forms do not compile here (each role keeps its code)
+        self.compiled_prompt = prompt if prompt is not None and not prompt.failed else None
         if kv_caches is not None and self.attention.name == "torch":
             layers = tuple((layer.input_norm, layer.qkv_weight, layer.qkv_bias, layer.o_weight,
                             layer.post_attn_norm, layer.gate_up_weight, layer.down_weight)
@@ -193,18 +216,41 @@ class LlamaModel:
             if out is not None:
                 if not meta.prefills:
                     return out
-                rest = self._layers(hidden[nd:], (cos[nd:], sin[nd:]), positions[nd:],
-                                    kv_caches, meta.prefill_part())
+                rest = self._by_role(hidden[nd:], cos[nd:], sin[nd:], positions[nd:],
+                                     kv_caches, meta.prefill_part())
                 return torch.cat([out, rest])
-        return self._layers(hidden, (cos, sin), positions, kv_caches, meta)
+        return self._by_role(hidden, cos, sin, positions, kv_caches, meta)
 
-    def _layers(self, hidden, cos_sin, positions, kv_caches, meta: AttentionMetadata):
-        """The layers one by one (compiled halves or eager), then the final norm."""
-        if self.compiled is not None:
-            return self._run_compiled(self.compiled, hidden, *cos_sin, kv_caches=kv_caches,
+    def _by_role(self, hidden, cos, sin, positions, kv_caches, meta: AttentionMetadata):
+        """The layers over these rows; with `prompt_gemm`, the rows of prompt tokens (but each
+        prompt's last) in one pass with the prompt forms, then the others (last prompt tokens,
+        generated tokens recomputed, drafts, decode rows) with the kernels: which form a row
+        takes depends on its token's place in its sequence alone."""
+        if not self.prompt_gemm:
+            return self._layers(hidden, (cos, sin), positions, kv_caches, meta)
+        prompt, other = meta.split_prompt_rows()
+        if not len(other.rows):
+            return self._layers(hidden, (cos, sin), positions, kv_caches, meta, prompt=True)
+        if not len(prompt.rows):
+            return self._layers(hidden, (cos, sin), positions, kv_caches, meta)
+        out = torch.empty_like(hidden)
+        for part, is_prompt in ((prompt, True), (other, False)):  # prompt K/V first
+            rows = part.rows.to(hidden.device)
+            out[rows] = self._layers(hidden[rows], (cos[rows], sin[rows]), positions[rows],
+                                     kv_caches, part.meta, prompt=is_prompt)
+        return out
+
+    def _layers(self, hidden, cos_sin, positions, kv_caches, meta: AttentionMetadata,
+                prompt: bool = False):
+        """The layers one by one (compiled halves or eager), then the final norm; `prompt`:
+        with the prompt forms."""
+        compiled = self.compiled_prompt if prompt else self.compiled
+        if compiled is not None:
+            return self._run_compiled(compiled, hidden, *cos_sin, kv_caches=kv_caches,
                                       meta=meta)
+        linear = prompt_linear if prompt else None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            hidden = layer(hidden, positions, k_cache, v_cache, meta, cos_sin)
+            hidden = layer(hidden, positions, k_cache, v_cache, meta, cos_sin, linear)
         return rms_norm(hidden, self.norm, self.eps)
 
     @torch.inference_mode()

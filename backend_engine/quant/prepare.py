@@ -56,6 +56,18 @@ def prepare(w: LinearWeight, device: torch.device | str, dtype: torch.dtype) -> 
     return cuda.prepare(w, device)
 
 
+def prompt_form(kind: str) -> Callable | None:
+    """The form prompt rows take for a prepared weight's kind (CPU int8/int4: dequantise, then
+    a GEMM in fixed row tiles, quant/cpu_gemm.py), or None where there is none."""
+    if kind not in cpu.FORMS:
+        return None
+    from backend_engine.quant import cpu_gemm
+
+    if kind == cpu.CpuInt4Weight.kind and not cpu_gemm.int4_layout_checked():
+        return None
+    return cpu_gemm.FORMS.get(kind)
+
+
 def forms(kind: str) -> dict[str, Callable]:
     """The matmul forms for a prepared quantised weight's kind; the first is the default."""
     if kind in cpu.FORMS:

@@ -1,5 +1,6 @@
 """The same greedy tokens whatever the batching, chunking, caching or memory pressure: the
-default model unquantised, and the tiny model with int8 weights."""
+default model unquantised, and the tiny model with int8 and int4 weights (prompt tokens in
+dequantise-then-GEMM tiles, generated tokens through the weight-only kernels)."""
 
 import pytest
 
@@ -13,10 +14,11 @@ PROMPTS = [SYSTEM + q for q in ("What is 2+2?", "Name a colour.", "Spell 'cat'."
 PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
-CASES = [("default", None), ("tiny-random", "int8")]
+# quantised: prompt tokens through dequantise-then-GEMM tiles, generated ones through the kernel
+CASES = [("default", None), ("tiny-random", "int8"), ("tiny-random", "int4")]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=["default", "tiny-int8"])
+@pytest.fixture(scope="module", params=CASES, ids=["default", "tiny-int8", "tiny-int4"])
 def case(request):
     return request.param
 
@@ -25,10 +27,14 @@ def case(request):
 def base_llm(case, request):
     if case == ("default", None):
         return request.getfixturevalue("default_llm")
-    return LLM(case[0], num_kv_blocks=512, quantization=case[1])
+    llm = _llm(case, num_kv_blocks=512)
+    assert llm.engine.runner.model.prompt_gemm
+    return llm
 
 
 def _llm(case, **kwargs):
+    if case[1] is not None:
+        kwargs["quantized_prefill"] = "dequant"
     return LLM(case[0], quantization=case[1], **kwargs)
 
 

@@ -1,0 +1,154 @@
+"""Prompt rows of quantised CPU weights: dequantise to bf16, then a GEMM in fixed row tiles.
+
+torch's weight-only kernels (cpu.py) stream a row at a time: at one row they beat any GEMM, but
+from ~16 rows on they are 3-8x slower than bf16's GEMM on CPUs with AMX or AVX512-BF16
+(docs/engine/quantization.md has the figures). A prompt's rows come in hundreds, so they take
+this form: the weight dequantised to bf16 for the call (int8: the values, exact in bf16, with
+the channel scales applied to the output; int4: (q - 8) * scale + zero per group, rounded once
+to bf16), then `torch.mm` over tiles of exactly `TILE_ROWS` rows, the last one padded with zero
+rows. Prompt tokens take this form, all but the last; the last prompt token (whose logits give
+the first output token) and generated tokens keep the weight-only kernel, so a prompt whose
+blocks are all cached but its last token's costs a one-row step, not a padded tile.
+
+Why tiles: a BLAS GEMM picks its blocking (and so its summation order) from the row count, so
+one call over 37 rows and one over 512 give a row different bits. Every tile here has the same
+shape, and a row's bits then depend only on the row itself (checked at every row offset within
+a tile and with any neighbours: `tests/backend_engine/quant/test_cpu_gemm.py`), so a prompt gives
+the same tokens however the scheduler chunks it, batches it or finds its prefix cached: which
+form a token takes depends only on its place in its sequence.
+
+The tile loop runs as one custom op, so Inductor treats it as a call and the compiled layers
+keep it whole; the dequantisation before it is traced and fused.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import torch
+
+from backend_engine.attention.compiled_decode import own_copy
+from backend_engine.quant.cpu import KERNEL_DTYPE, CpuInt4Weight, CpuInt8Weight
+
+TILE_ROWS = 64  # rows per GEMM call (measured: 32 was ~1.4x slower at 512 rows, 128 pads more)
+log = logging.getLogger(__name__)
+_BLOCK_N = 64  # torch's int4 CPU layout: output channels in blocks of 64, then the rest
+
+
+@torch.library.custom_op("kvgate::tiled_mm", mutates_args=())
+def tiled_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T in bf16, as calls over `TILE_ROWS` rows each."""
+    m = x.shape[0]
+    pad = -m % TILE_ROWS
+    x = x.to(KERNEL_DTYPE)
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    out = x.new_empty(m + pad, weight.shape[0])
+    wt = weight.t()
+    for start in range(0, m + pad, TILE_ROWS):
+        torch.mm(x[start:start + TILE_ROWS], wt, out=out[start:start + TILE_ROWS])
+    return out[:m]
+
+
+@tiled_mm.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0], dtype=KERNEL_DTYPE)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """torch's blocked CPU int4 layout (`_convert_weight_to_int4pack_for_cpu`, uint8
+    [N, K // 2]) back to the values, uint8 [N, K]. Output channels come in blocks of 64 and a
+    last block of the rest (a multiple of 16), each block stored input channel by input
+    channel: in a block of 64, byte j holds channels j (low nibble) and j + 32; in the last
+    block, channels 2j and 2j + 1."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    full = n // _BLOCK_N * _BLOCK_N
+    parts = []
+    if full:
+        b = packed[:full].reshape(full // _BLOCK_N, k, _BLOCK_N // 2)
+        v = torch.cat([b & 15, b >> 4], -1)  # [blocks, K, 64]
+        parts.append(v.transpose(1, 2).reshape(full, k))
+    if n > full:
+        b = packed[full:].reshape(k, (n - full) // 2)
+        v = torch.stack([b & 15, b >> 4], -1).reshape(k, n - full)
+        parts.append(v.t())
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+_layout_ok: bool | None = None  # int4_layout_checked's answer, once computed
+
+
+def int4_layout_checked() -> bool:
+    """The layout `unpack_int4` reads is the one this torch writes (checked once a process, on
+    shapes with both kinds of block; models check at load, so compiled code reads the
+    answer); if a torch release changes it, int4 prompt rows keep the kernel."""
+    global _layout_ok
+    if _layout_ok is None:
+        gen = torch.Generator().manual_seed(0)
+        ok = True
+        for n in (64, 112, 48):
+            q = torch.randint(0, 16, (n, 64), dtype=torch.int32, generator=gen)
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+            ok = ok and torch.equal(unpack_int4(packed).to(torch.int32), q)
+        _layout_ok = ok
+    return _layout_ok
+
+
+def dequantize_int4(w: CpuInt4Weight) -> torch.Tensor:
+    """The grouped weight in bf16 [N_padded, K], from the kernel's own layout."""
+    n, k = w.packed.shape[0], w.packed.shape[1] * 2
+    g = w.group_size
+    v = unpack_int4(w.packed).view(n, k // g, g).float() - 8.0
+    sz = w.scales_and_zeros.float()  # [K // g, N, 2]
+    scales, zeros = sz[..., 0].t()[..., None], sz[..., 1].t()[..., None]
+    return (v * scales + zeros).view(n, k).to(KERNEL_DTYPE)
+
+
+def int8_gemm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
+    y = tiled_mm(x, w.qweight.to(KERNEL_DTYPE)).float() * w.scales_fp32
+    return y.to(x.dtype)
+
+
+class _FusedDequantize:
+    """`dequantize_int4` compiled, one static-shape graph per weight shape (one fused loop:
+    ~0.8 ms against ~7 ms eager for 3072 x 576 on 2 threads; with dynamic shapes Inductor's
+    loop was no faster than eager), for callers outside a compiled graph; eager where Inductor
+    cannot run. Inside compiled layers the same function is traced and fused with the rest."""
+
+    def __init__(self) -> None:
+        self._fns: dict[tuple, Callable] = {}
+        self._failed = False
+        self._lock = threading.Lock()
+
+    def __call__(self, w: CpuInt4Weight) -> torch.Tensor:
+        if self._failed or torch.compiler.is_compiling():
+            return dequantize_int4(w)
+        key = (tuple(w.packed.shape), w.group_size)
+        with self._lock:
+            if key not in self._fns:  # a code object each: no shape counts against another's
+                self._fns[key] = torch.compile(own_copy(dequantize_int4), dynamic=False,
+                                               fullgraph=True)
+            fn = self._fns[key]
+        try:
+            return fn(w)
+        except Exception as exc:  # noqa: BLE001 - Inductor raises many kinds; eager always works
+            self._failed = True
+            log.warning("int4 dequantisation runs eager here (%s)", type(exc).__name__)
+            return dequantize_int4(w)
+
+
+_fused_dequantize = _FusedDequantize()
+
+
+def int4_gemm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
+    if w.perm is not None:
+        x = x.index_select(1, w.perm)
+    y = tiled_mm(x, _fused_dequantize(w))
+    if y.shape[1] != w.out_features:
+        y = y[:, :w.out_features].contiguous()
+    return y.to(x.dtype)
+
+
+FORMS = {CpuInt8Weight.kind: int8_gemm, CpuInt4Weight.kind: int4_gemm}
