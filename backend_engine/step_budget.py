@@ -41,10 +41,11 @@ class StepBudget:
         self.max_prefill_tokens = max_prefill_tokens
 
     def prefill_seconds(self, load: DecodeLoad) -> float:
-        """Time left in the step for prefill once the running decodes are paid for."""
+        """Time left in the step for prefill chunks once the running decodes and the step's
+        fixed prefill cost (`StepCostModel.prefill_pass_s`) are paid for."""
         decode = self.model.predict(StepShape(decode_rows=load.rows,
                                               context_tokens=load.context_tokens))
-        return max(0.0, self.target_itl_s - decode)
+        return max(0.0, self.target_itl_s - decode - self.model.prefill_pass_s)
 
     def chunk_tokens(self, seconds: float, cached_context: int) -> int:
         """The longest chunk (after cached_context tokens) that fits in `seconds`:

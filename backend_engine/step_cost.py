@@ -1,11 +1,16 @@
 """A linear model of one engine step's time, fitted to the steps this replica actually runs.
 
     seconds = base + per_prefill_token * P + per_decode_row * R
-                   + per_context_token * C + per_attention_pair * A
+                   + per_context_token * C + per_attention_pair * A + prefill_pass * [P > 0]
 
 P: prefill (and recompute) tokens in the step; R: decode rows (a sequence decoding one token,
 or verifying drafts: one row each); C: context tokens the decode rows attend to; A: query x
-context pairs of the prefill chunks, in thousands (a chunk's attention grows with its context).
+context pairs of the prefill chunks, in thousands (a chunk's attention grows with its context);
+prefill_pass: what a step pays once for holding any prefill rows at all — with the compiled
+decode step, a second pass over the weights; with a quantised model's prompt forms, also
+dequantising every weight (int4 SmolLM2 on 2 cores: ~75 ms), which a per-token cost cannot
+express (fitted as one, it made short chunks look expensive per token, so the budget cut
+prompts into short chunks that each paid the whole pass).
 
 It starts from a few timed steps at start-up (`calibration_shapes`) and is refitted from every
 real step (a window of recent ones, least squares, coefficients kept >= 0), so it follows the
@@ -32,7 +37,8 @@ class StepShape:
 
     def features(self) -> list[float]:
         return [1.0, float(self.prefill_tokens), float(self.decode_rows),
-                float(self.context_tokens), self.attention_pairs / 1000.0]
+                float(self.context_tokens), self.attention_pairs / 1000.0,
+                1.0 if self.prefill_tokens else 0.0]
 
 
 def calibration_shapes() -> list[StepShape]:
@@ -47,7 +53,7 @@ def calibration_shapes() -> list[StepShape]:
 
 class StepCostModel:
     def __init__(self) -> None:
-        self.coef = np.zeros(5)
+        self.coef = np.zeros(6)
         self._anchor: list[tuple[list[float], float]] = []  # start-up points, always kept
         self._recent: deque[tuple[list[float], float]] = deque(maxlen=WINDOW)
         self._since_fit = 0
@@ -63,6 +69,10 @@ class StepCostModel:
     @property
     def per_attention_pair_s(self) -> float:
         return float(self.coef[4]) / 1000.0
+
+    @property
+    def prefill_pass_s(self) -> float:
+        return float(self.coef[5])
 
     def calibrate(self, points: list[tuple[StepShape, float]]) -> None:
         self._anchor = [(s.features(), t) for s, t in points]

@@ -18,7 +18,7 @@ the same tokens however the scheduler chunks it, batches it or finds its prefix 
 form a token takes depends only on its place in its sequence.
 
 The tile loop runs as one custom op, so Inductor treats it as a call and the compiled layers
-keep it whole; the dequantisation before it is traced and fused.
+keep it whole; int4's dequantisation runs inside it, compiled on its own for each weight shape.
 """
 
 from __future__ import annotations
@@ -96,56 +96,83 @@ def int4_layout_checked() -> bool:
     return _layout_ok
 
 
-def dequantize_int4(w: CpuInt4Weight) -> torch.Tensor:
+def dequantize_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+                    group_size: int) -> torch.Tensor:
     """The grouped weight in bf16 [N_padded, K], from the kernel's own layout."""
-    n, k = w.packed.shape[0], w.packed.shape[1] * 2
-    g = w.group_size
-    v = unpack_int4(w.packed).view(n, k // g, g).float() - 8.0
-    sz = w.scales_and_zeros.float()  # [K // g, N, 2]
+    n, k = packed.shape[0], packed.shape[1] * 2
+    v = unpack_int4(packed).view(n, k // group_size, group_size).float() - 8.0
+    sz = scales_and_zeros.float()  # [K // group_size, N, 2]
     scales, zeros = sz[..., 0].t()[..., None], sz[..., 1].t()[..., None]
     return (v * scales + zeros).view(n, k).to(KERNEL_DTYPE)
 
 
+@torch.library.custom_op("kvgate::int8_tiled_mm", mutates_args=())
+def int8_tiled_mm(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ the int8 values' transpose (exact in bf16), in `TILE_ROWS`-row tiles; one op,
+    so compiled layers do not trace the conversion into their dynamic-row graph."""
+    return tiled_mm(x, qweight.to(KERNEL_DTYPE).t())
+
+
+@int8_tiled_mm.register_fake
+def _(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], qweight.shape[0], dtype=KERNEL_DTYPE)
+
+
 def int8_gemm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
-    y = tiled_mm(x, w.qweight.to(KERNEL_DTYPE).t()).float() * w.scales_fp32
+    y = int8_tiled_mm(x, w.qweight).float() * w.scales_fp32
     return y.to(x.dtype)
 
 
 class _FusedDequantize:
     """`dequantize_int4` compiled, one static-shape graph per weight shape (one fused loop:
-    ~0.8 ms against ~7 ms eager for 3072 x 576 on 2 threads; with dynamic shapes Inductor's
-    loop was no faster than eager), for callers outside a compiled graph; eager where Inductor
-    cannot run. Inside compiled layers the same function is traced and fused with the rest."""
+    ~0.8 ms against ~7 ms eager for 3072 x 576 on 2 threads; with dynamic shapes, or traced
+    into the compiled layers' graph, whose rows are dynamic, Inductor's loop was 2-20x slower);
+    eager where Inductor cannot run."""
 
     def __init__(self) -> None:
         self._fns: dict[tuple, Callable] = {}
         self._failed = False
         self._lock = threading.Lock()
 
-    def __call__(self, w: CpuInt4Weight) -> torch.Tensor:
-        if self._failed or torch.compiler.is_compiling():
-            return dequantize_int4(w)
-        key = (tuple(w.packed.shape), w.group_size)
+    def __call__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+                 group_size: int) -> torch.Tensor:
+        if self._failed:
+            return dequantize_int4(packed, scales_and_zeros, group_size)
+        key = (tuple(packed.shape), group_size)
         with self._lock:
             if key not in self._fns:  # a code object each: no shape counts against another's
                 self._fns[key] = torch.compile(own_copy(dequantize_int4), dynamic=False,
                                                fullgraph=True)
             fn = self._fns[key]
         try:
-            return fn(w)
+            return fn(packed, scales_and_zeros, group_size)
         except Exception as exc:  # noqa: BLE001 - Inductor raises many kinds; eager always works
             self._failed = True
             log.warning("int4 dequantisation runs eager here (%s)", type(exc).__name__)
-            return dequantize_int4(w)
+            return dequantize_int4(packed, scales_and_zeros, group_size)
 
 
 _fused_dequantize = _FusedDequantize()
 
 
+@torch.library.custom_op("kvgate::int4_tiled_mm", mutates_args=())
+def int4_tiled_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+                  group_size: int) -> torch.Tensor:
+    """x [M, K] @ the int4 weight's dequantised transpose, in `TILE_ROWS`-row tiles: one op,
+    so compiled layers call the static-shape dequantisation instead of tracing it."""
+    return tiled_mm(x, _fused_dequantize(packed, scales_and_zeros, group_size).t())
+
+
+@int4_tiled_mm.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+      group_size: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], packed.shape[0], dtype=KERNEL_DTYPE)
+
+
 def int4_gemm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
     if w.perm is not None:
         x = x.index_select(1, w.perm)
-    y = tiled_mm(x, _fused_dequantize(w).t())
+    y = int4_tiled_mm(x, w.packed, w.scales_and_zeros, w.group_size)
     if y.shape[1] != w.out_features:
         y = y[:, :w.out_features].contiguous()
     return y.to(x.dtype)

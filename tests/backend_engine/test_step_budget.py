@@ -16,8 +16,9 @@ from backend_engine.step_budget import DecodeLoad, QueueDrain, StepBudget
 from backend_engine.step_cost import StepCostModel, StepShape, calibration_shapes
 
 # a CPU-like machine: 40 ms a step, 1.5 ms a prefill token, 2 ms a decode row,
-# 4 us per context token read by a decode, 0.2 ms per thousand attention pairs of a chunk
-TRUE = (0.040, 0.0015, 0.002, 4e-6, 2e-4)
+# 4 us per context token read by a decode, 0.2 ms per thousand attention pairs of a chunk,
+# 30 ms once for a step with any prefill (a second pass over the weights)
+TRUE = (0.040, 0.0015, 0.002, 4e-6, 2e-4, 0.030)
 
 
 def true_seconds(shape: StepShape) -> float:
@@ -54,6 +55,22 @@ def test_a_chunk_sized_for_the_time_left_fits_it():
         assert 0 < n < 4096
         assert budget.chunk_seconds(n, cached) <= seconds * 1.001
         assert budget.chunk_seconds(n + 2, cached) > seconds
+
+
+def test_the_fixed_prefill_cost_is_paid_once_a_step_not_per_token():
+    # a machine whose prefill steps pay 100 ms once (weights dequantised for the prompt rows)
+    costs = (0.040, 0.0015, 0.002, 4e-6, 2e-4, 0.100)
+    model = StepCostModel()
+    model.calibrate([(s, sum(c * f for c, f in zip(costs, s.features())))
+                     for s in calibration_shapes()])
+    assert model.prefill_pass_s == pytest.approx(0.100, rel=0.01)
+    assert model.per_prefill_token_s == pytest.approx(0.0015, rel=0.01)
+    budget = StepBudget(model, 0.25, 32, 4096)
+    seconds = budget.prefill_seconds(DecodeLoad())
+    assert seconds == pytest.approx(0.25 - 0.040 - 0.100, rel=0.01)
+    n = budget.chunk_tokens(seconds, 0)
+    full_step = model.predict(StepShape(prefill_tokens=n, attention_pairs=n * n))
+    assert full_step == pytest.approx(0.25, rel=0.01)  # the chunk fills the target, no more
 
 
 def _run(budget: StepBudget | None, prompts: list[int], max_tokens: int, max_steps: int = 5000):

@@ -1,0 +1,67 @@
+"""Prompt rows of quantised CPU weights: one SmolLM2 layer's four matmuls (qkv, o, gate_up,
+down), summed, at several row counts, through the weight-only kernel and through the prompt
+form (dequantise to bf16, then GEMM in 64-row tiles: backend_engine/quant/cpu_gemm.py), with
+bf16's F.linear beside them. Random weights of the real shapes (the work does not depend on the
+values); the best of several passes, interleaved. Ends with one line of JSON: the prompt form's
+speed-up over the kernel per format and row count."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from backend_engine.quant import cpu, cpu_gemm
+from backend_engine.quant.formats import quantize_int4, quantize_int8
+
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: qkv, o, gate_up, down
+ROWS = (1, 16, 64, 256, 512)
+
+
+def _best_us(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    fp = [torch.randn(n, k) * 0.02 for n, k in SHAPES]
+    weights = {"bf16": [w.to(torch.bfloat16) for w in fp],
+               "int8": [cpu.prepare_int8(quantize_int8(w)) for w in fp],
+               "int4": [cpu.prepare_int4(quantize_int4(w, 32, "w")) for w in fp]}
+    forms = {"bf16 F.linear": ("bf16", F.linear),
+             "int8 kernel": ("int8", cpu._int8_mm), "int8 dequant+GEMM": ("int8", cpu_gemm.int8_gemm),
+             "int4 kernel": ("int4", cpu._int4_mm), "int4 dequant+GEMM": ("int4", cpu_gemm.int4_gemm)}
+    table: dict[str, dict[int, float]] = {name: {} for name in forms}
+    with torch.inference_mode():
+        for rows in ROWS:
+            xs = [torch.randn(rows, k, dtype=torch.bfloat16) for _, k in SHAPES]
+            for name, (kind, form) in forms.items():
+                layer = weights[kind]
+                table[name][rows] = _best_us(
+                    lambda: [form(x, w) for x, w in zip(xs, layer)], args.repeats)
+    print(f"one layer's four matmuls, µs ({args.threads} threads)")
+    print(f"{'rows':>6} " + " ".join(f"{name:>18}" for name in forms))
+    for rows in ROWS:
+        print(f"{rows:>6} " + " ".join(f"{table[name][rows]:>18.0f}" for name in forms))
+    speedup = {f"{fmt}_rows{rows}_gemm_vs_kernel":
+               round(table[f"{fmt} kernel"][rows] / table[f"{fmt} dequant+GEMM"][rows], 2)
+               for fmt in ("int8", "int4") for rows in ROWS}
+    print(json.dumps(speedup))
+
+
+if __name__ == "__main__":
+    main()
