@@ -17,8 +17,9 @@ a tile and with any neighbours: `tests/backend_engine/quant/test_cpu_gemm.py`), 
 the same tokens however the scheduler chunks it, batches it or finds its prefix cached: which
 form a token takes depends only on its place in its sequence.
 
-The tile loop runs as one custom op, so Inductor treats it as a call and the compiled layers
-keep it whole; int4's dequantisation runs inside it, compiled on its own for each weight shape.
+Each kind's conversion and tile loop run as one custom op, so Inductor treats them as a call
+and the compiled layers keep them whole; int4's dequantisation inside is compiled on its own for
+each weight shape.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ log = logging.getLogger(__name__)
 _BLOCK_N = 64  # torch's int4 CPU layout: output channels in blocks of 64, then the rest
 
 
-@torch.library.custom_op("kvgate::tiled_mm", mutates_args=())
 def tiled_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight_t [K, N] in bf16, as calls over `TILE_ROWS` rows each."""
     m = x.shape[0]
@@ -49,11 +49,6 @@ def tiled_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     for start in range(0, m + pad, TILE_ROWS):
         torch.mm(x[start:start + TILE_ROWS], weight_t, out=out[start:start + TILE_ROWS])
     return out[:m]
-
-
-@tiled_mm.register_fake
-def _(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape[0], weight_t.shape[1], dtype=KERNEL_DTYPE)
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
