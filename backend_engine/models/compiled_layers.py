@@ -10,7 +10,8 @@ The boundary is attention: a compiled call runs layer i's output half (o project
 norm, MLP) and layer i+1's input half (norm, qkv, rotary) and returns that layer's q, k, v;
 storing K/V and attention (paged, decode and prefill rows alike) stay outside. So every row of
 every step goes through the same code, whatever the step holds: a sequence's tokens do not
-depend on what else was batched with it.
+depend on what else was batched with it. (A quantised model's prompt rows have compiled layers
+of their own, with `prompt_linear`: still one code per kind of token, whatever the batch.)
 
 One compiled function serves every layer (weights are inputs, so the layers share the graph)
 and every engine of a process with the same model shape and dtypes. The row count is dynamic;
