@@ -43,8 +43,10 @@ def main() -> None:
                "int8": [cpu.prepare_int8(quantize_int8(w)) for w in fp],
                "int4": [cpu.prepare_int4(quantize_int4(w, 32, "w")) for w in fp]}
     forms = {"bf16 F.linear": ("bf16", F.linear),
-             "int8 kernel": ("int8", cpu._int8_mm), "int8 dequant+GEMM": ("int8", cpu_gemm.int8_gemm),
-             "int4 kernel": ("int4", cpu._int4_mm), "int4 dequant+GEMM": ("int4", cpu_gemm.int4_gemm)}
+             "int8 kernel": ("int8", cpu._int8_mm),
+             "int8 dequant+GEMM": ("int8", cpu_gemm.int8_gemm),
+             "int4 kernel": ("int4", cpu._int4_mm),
+             "int4 dequant+GEMM": ("int4", cpu_gemm.int4_gemm)}
     table: dict[str, dict[int, float]] = {name: {} for name in forms}
     with torch.inference_mode():
         for rows in ROWS:
