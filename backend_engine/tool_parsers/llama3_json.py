@@ -23,6 +23,8 @@ class Llama3JsonToolParser(ToolParser):
         body = text.lstrip()
         if body.startswith(PYTHON_TAG):
             body = body[len(PYTHON_TAG):].lstrip()
+            if not body:  # the tag alone: a call may follow
+                return Split(text if final else "")
         elif not body or PYTHON_TAG.startswith(body):
             return Split(text if final else "")  # may still become the tag
         if not body.startswith("{"):

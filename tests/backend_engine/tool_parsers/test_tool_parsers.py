@@ -130,3 +130,21 @@ def test_forced_calls_always_parse_to_schema_valid_arguments(tiny_llm, parser_na
             for call in split.calls:
                 assert choice in ("required", call.name)
                 jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+@pytest.mark.parametrize("parser_name,text,content,calls", CASES)
+def test_every_single_cut_and_char_by_char_streaming_add_up_to_the_whole(parser_name, text,
+                                                                         content, calls):
+    """Deterministic sweep beside the property test: a reply cut once at every position (CI's
+    hypothesis run once found the cut right after `<|python_tag|>`), and one char at a time."""
+    feeds = [[text[:cut], text[cut:]] for cut in range(1, len(text))] + [list(text)]
+    for pieces in feeds:
+        stream = ToolCallStream(parser_for(parser_name))
+        streamed_content, streamed_calls = "", []
+        for piece in pieces:
+            delta = stream.feed(piece)
+            streamed_content += delta.content
+            streamed_calls += delta.calls
+        final = stream.feed("", final=True)
+        assert streamed_calls + final.calls == calls, pieces
+        assert streamed_content + final.content == (content or ""), pieces
