@@ -440,7 +440,8 @@ class LLMEngine:
                 "num_total_blocks": self.pool.num_blocks,
                 "pinned_blocks": self.pool.num_pinned_blocks,
                 "drain_rate_tok_s": round(min(self.drain_rate(), 1e9), 1),
-                **({"target_itl_s": self.budget.target_itl_s} if self.budget else {}),
+                **({"target_itl_s": self.budget.target_itl_s,
+                    "prefill_floor_tokens": self.budget.floor_tokens} if self.budget else {}),
                 "max_pinned_blocks": self.pool.max_pinned_blocks,
                 "by_priority": load_by_priority(self.scheduler.running, self.scheduler.waiting),
                 **({"kv_transfer": self.kv_connector.load()} if self.kv_connector else {})}

@@ -249,13 +249,14 @@ class Scheduler:
 
 class _PrefillTime:
     """The prefill time of the step being scheduled: what the step budget leaves after the
-    running decodes, charged per chunk by its modelled cost, with a floor of
-    min_prefill_tokens a step so prefill never stalls. Inert without a step budget."""
+    running decodes, charged per chunk by its modelled cost, with a floor
+    (`StepBudget.floor_tokens`) a step so prefill never stalls. Inert without a step budget."""
 
     def __init__(self, budget: StepBudget | None):
         self.budget = budget
         self.seconds = 0.0
         self.tokens = 0
+        self.floor = budget.min_prefill_tokens if budget is not None else 0
         self.charged: dict[Sequence, tuple[int, float]] = {}
 
     def begin(self, load: DecodeLoad | None) -> None:
@@ -263,12 +264,13 @@ class _PrefillTime:
         self.tokens = 0
         if self.budget is not None and load is not None:
             self.seconds = self.budget.prefill_seconds(load)
+            self.floor = self.budget.floor_tokens
 
     def cap(self, n: int, cached_context: int) -> int:
         if self.budget is None:
             return n
         allowed = self.budget.chunk_tokens(self.seconds, cached_context)
-        allowed = max(allowed, self.budget.min_prefill_tokens - self.tokens)
+        allowed = max(allowed, self.floor - self.tokens)
         return max(0, min(n, allowed))
 
     def charge(self, seq: Sequence, n: int) -> None:

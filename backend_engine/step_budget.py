@@ -6,7 +6,8 @@ of the target goes to prefill chunks, sized by the cost model (a chunk's cost gr
 context). A new sequence is admitted only while the decode step it joins stays inside the target,
 so a burst raises the queue, not everyone's ITL; at least `min_prefill_tokens` of prefill per step
 keeps new requests moving when decodes alone fill the target (Sarathi-Serve's stall-free
-batching, with the budget derived from a latency target instead of fixed). The scheduler asks
+batching, with the budget derived from a latency target instead of fixed); more where a step
+with prefill pays a large fixed cost, so that cost is amortised (`StepBudget.floor_tokens`). The scheduler asks
 this module; it never touches tensors."""
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ class StepBudget:
                                               context_tokens=load.context_tokens))
         return max(0.0, self.target_itl_s - decode - self.model.prefill_pass_s)
 
+    @property
+    def floor_tokens(self) -> int:
+        """Prefill a step always carries (when some waits), even past the target: at least
+        `min_prefill_tokens`, and at least the chunk whose own token cost equals the step's fixed
+        prefill cost, so a step never pays that cost (int4 on CPU: dequantising every weight)
+        for a sliver of tokens — at least half of a floor step's prefill time moves prompts."""
+        per_token = self.model.per_prefill_token_s
+        amortised = math.ceil(self.model.prefill_pass_s / per_token) if per_token > 0 else 0
+        return min(self.max_prefill_tokens, max(self.min_prefill_tokens, amortised))
+
     def chunk_tokens(self, seconds: float, cached_context: int) -> int:
         """The longest chunk (after cached_context tokens) that fits in `seconds`:
         per_token * n + per_pair * n * (cached_context + n) <= seconds."""
@@ -76,7 +87,7 @@ class StepBudget:
     def prefill_rate(self, load: DecodeLoad, cached_context: int = 0) -> float:
         """Prefill tokens per second this replica sustains under `load` (model estimate)."""
         seconds = self.prefill_seconds(load)
-        tokens = max(self.min_prefill_tokens, self.chunk_tokens(seconds, cached_context))
+        tokens = max(self.floor_tokens, self.chunk_tokens(seconds, cached_context))
         step = self.model.predict(StepShape(
             prefill_tokens=tokens, decode_rows=load.rows, context_tokens=load.context_tokens,
             attention_pairs=tokens * (cached_context + tokens)))

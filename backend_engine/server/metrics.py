@@ -93,6 +93,9 @@ class _EngineCollector(Collector):
              "Prefill tokens per second the waiting queue is retired at (measured or modelled)."),
             ("target_itl_s", "kvgate_target_inter_token_latency_seconds",
              "The step budget's inter-token latency target (absent: fixed token budget)."),
+            ("prefill_floor_tokens", "kvgate_prefill_floor_tokens",
+             "Prefill tokens a step carries at the least while prompts wait (amortises a "
+             "step's fixed prefill cost)."),
         ):
             if key in load:
                 yield GaugeMetricFamily(name, doc, value=float(load[key]))

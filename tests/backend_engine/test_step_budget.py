@@ -21,8 +21,8 @@ from backend_engine.step_cost import StepCostModel, StepShape, calibration_shape
 TRUE = (0.040, 0.0015, 0.002, 4e-6, 2e-4, 0.030)
 
 
-def true_seconds(shape: StepShape) -> float:
-    return sum(c * f for c, f in zip(TRUE, shape.features()))
+def true_seconds(shape: StepShape, costs: tuple = TRUE) -> float:
+    return sum(c * f for c, f in zip(costs, shape.features()))
 
 
 def test_the_model_recovers_the_machine_costs_from_noisy_steps():
@@ -73,7 +73,8 @@ def test_the_fixed_prefill_cost_is_paid_once_a_step_not_per_token():
     assert full_step == pytest.approx(0.25, rel=0.01)  # the chunk fills the target, no more
 
 
-def _run(budget: StepBudget | None, prompts: list[int], max_tokens: int, max_steps: int = 5000):
+def _run(budget: StepBudget | None, prompts: list[int], max_tokens: int, max_steps: int = 5000,
+         costs: tuple = TRUE):
     config = EngineConfig(model="tiny-random", max_num_seqs=256, max_num_batched_tokens=2048)
     pool = BlockPool(4096, enable_caching=False)
     scheduler = Scheduler(config, KVCacheManager(pool, 16), budget)
@@ -95,7 +96,7 @@ def _run(budget: StepBudget | None, prompts: list[int], max_tokens: int, max_ste
                 rows += 1
                 context += seq.num_tokens
         shape = StepShape(prefill, rows, context, pairs)
-        seconds = true_seconds(shape)
+        seconds = true_seconds(shape, costs)
         if budget is not None:
             budget.model.observe(shape, seconds)
         steps.append((shape, seconds))
@@ -128,6 +129,44 @@ def test_the_budget_keeps_simulated_decode_steps_under_the_target():
     # and without a budget the same burst makes steps of seconds
     fixed = _run(None, prompts, max_tokens=64)
     assert max(t for s, t in fixed if s.decode_rows) > 2 * target
+
+
+# int4 on CPU: a prefill step dequantises every weight once, 110 ms
+COSTLY_PASS = (0.040, 0.0015, 0.002, 4e-6, 2e-4, 0.110)
+
+
+def _calibrated(costs: tuple) -> StepCostModel:
+    model = StepCostModel()
+    model.calibrate([(s, true_seconds(s, costs)) for s in calibration_shapes()])
+    return model
+
+
+class _MinFloorBudget(StepBudget):
+    floor_tokens = property(lambda self: self.min_prefill_tokens)  # the floor before
+
+
+def test_the_prefill_floor_amortises_a_large_fixed_prefill_cost():
+    budget = StepBudget(_calibrated(COSTLY_PASS), 0.25, 32, 4096)
+    assert budget.floor_tokens == 74  # 110 ms / 1.5 ms a token, rounded up
+    assert StepBudget(_calibrated(COSTLY_PASS), 0.25, 128, 4096).floor_tokens == 128
+    assert StepBudget(_calibrated(COSTLY_PASS), 0.25, 32, 64).floor_tokens == 64
+    assert StepBudget(_calibrated(TRUE), 0.25, 32, 4096).floor_tokens == 32  # 20 < 32
+    # a burst under decode load: the amortised floor retires the same work in less time than a
+    # floor of 32 tokens that pays 110 ms for each, and a decode step exceeds the target by no
+    # more than the floor chunk's own cost (<= the fixed cost)
+    rng = random.Random(2)
+    prompts = [rng.randrange(200, 2000) for _ in range(120)]
+    runs = {}
+    for floor in ("amortised", "min"):
+        kind = StepBudget if floor == "amortised" else _MinFloorBudget
+        budget = kind(_calibrated(COSTLY_PASS), 0.25, 32, 2048)
+        steps = _run(budget, prompts, max_tokens=64, costs=COSTLY_PASS)
+        runs[floor] = sum(t for _, t in steps)
+        if floor == "amortised":
+            worst = 0.25 + true_seconds(StepShape(prefill_tokens=74, attention_pairs=74 * 2000),
+                                        COSTLY_PASS) - COSTLY_PASS[0]
+            assert all(t <= worst for s, t in steps if s.decode_rows)
+    assert runs["amortised"] < 0.9 * runs["min"]  # measured 0.80
 
 
 def test_queue_drain_rate_follows_busy_steps_only():
