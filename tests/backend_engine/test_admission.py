@@ -100,7 +100,8 @@ def test_the_http_edge_answers_503_with_retry_after_and_serves_again_after():
                 assert r.json()["error"]["code"] == "engine_overloaded"
             metrics = http.get(server.base_url + "/metrics").text
             assert "kvgate_admission_refused_total 1.0" in metrics
-            floor = http.get(server.base_url + "/kv/snapshot").json()["load"]["prefill_floor_tokens"]
+            load = http.get(server.base_url + "/kv/snapshot").json()["load"]
+            floor = load["prefill_floor_tokens"]
             assert floor >= 32 and f"kvgate_prefill_floor_tokens {float(floor)}" in metrics
             for _ in range(100):
                 if http.get(server.base_url + "/kv/snapshot").json()["load"]["running"] == 0:
