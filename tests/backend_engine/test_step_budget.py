@@ -153,7 +153,7 @@ def test_the_prefill_floor_amortises_a_large_fixed_prefill_cost():
     assert StepBudget(_calibrated(TRUE), 0.25, 32, 4096).floor_tokens == 32  # 20 < 32
     # a burst under decode load: the amortised floor retires the same work in less time than a
     # floor of 32 tokens that pays 110 ms for each, and a decode step exceeds the target by no
-    # more than the floor chunk's own cost (<= the fixed cost)
+    # more than the fixed cost and a floor chunk (after 2,000 tokens of context) together
     rng = random.Random(2)
     prompts = [rng.randrange(200, 2000) for _ in range(120)]
     runs = {}
