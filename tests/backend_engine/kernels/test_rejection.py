@@ -68,7 +68,7 @@ def test_matches_per_row_reference(with_draft_probs, vocab, device):
 @pytest.mark.parametrize("with_draft_probs", [False, True])
 def test_first_token_follows_the_target_distribution(with_draft_probs, device):
     """Lossless: with drafts drawn from q, the first emitted token is distributed as p."""
-    rows, vocab = 1500, 6
+    rows, vocab = 800, 6
     p = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05])
     q = torch.tensor([0.4, 0.05, 0.3, 0.05, 0.1, 0.1]) if with_draft_probs else None
     gen = torch.Generator().manual_seed(1)
@@ -81,5 +81,5 @@ def test_first_token_follows_the_target_distribution(with_draft_probs, device):
                            torch.zeros(rows, dtype=torch.bool, device=device),
                            generator=torch.Generator(device).manual_seed(2))
     freq = torch.bincount(out[:, 0].cpu(), minlength=vocab).float() / rows
-    # 1500 draws: one standard error is at most 0.013; a residual that ignores q is off by >0.09
+    # 800 draws: one standard error is at most 0.018; a residual that ignores q is off by >0.09
     torch.testing.assert_close(freq, p, atol=0.04, rtol=0)
