@@ -7,6 +7,8 @@ Every event is one `data: {json}` line with a `type`:
 - `resync`    `{type, seq (current), ts, load, reason}`: `since` is older than the replay buffer
               (or newer than this replica's history, e.g. after a restart); re-read the snapshot
               and reconnect with its `seq`. The stream ends after it.
+The stream also ends when the replica stops or its engine dies (a dead replica exits at once
+instead of holding its subscribers until uvicorn's graceful-shutdown timeout).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Query
 from starlette.requests import Request
 
-from backend_engine.server.state import ServerState
+from backend_engine.server.state import FAILED, STOPPED, ServerState
 from kvgate.protocol.sse import EventStreamResponse, sse_data
 from routing.hashing import NAMESPACE_RULE
 
@@ -54,7 +56,7 @@ async def _event_stream(state: ServerState, engine: AsyncLLMEngine, since: int, 
         yield _resync(engine, current, "since is ahead of this replica's event sequence (restarted?)")
         return
     last = since
-    while state.phase != "stopped":
+    while state.phase not in (STOPPED, FAILED):  # a dead engine has no more events
         events = engine.kv_events_since(last)
         if events is None:
             yield _resync(engine, int(engine.kv_snapshot()["seq"]), "since is older than the replay buffer")

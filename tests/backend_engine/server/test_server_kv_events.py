@@ -99,3 +99,39 @@ def test_since_older_than_replay_buffer_asks_for_resync(http, client):
     events = read_events(http, 0)
     assert [e["type"] for e in events] == ["resync"]
     assert events[0]["seq"] == http.get("/kv/snapshot").json()["seq"]
+
+
+def test_the_event_stream_ends_when_the_engine_dies():
+    """A failed replica's stream ends at its next heartbeat wait, so the process can exit at once
+    (uvicorn waits for open streams: the subscriber used to hold it for the graceful timeout)."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from backend_engine.server.kv_routes import _event_stream
+    from backend_engine.server.state import FAILED, READY
+
+    class Engine:
+        def kv_events_since(self, seq):
+            return []
+
+        async def wait_kv_events(self, seq, timeout):
+            await asyncio.sleep(timeout)
+
+        def load(self):
+            return {}
+
+    state = SimpleNamespace(phase=READY, settings=SimpleNamespace(kv_heartbeat_s=0.05))
+
+    async def run() -> tuple[list[dict], float]:
+        events, failed_at = [], None
+        async for chunk in _event_stream(state, Engine(), 0, 0):
+            events.append(json.loads(chunk.decode().removeprefix("data: ")))
+            if len(events) == 2:
+                state.phase, failed_at = FAILED, time.monotonic()
+            assert len(events) < 10, "the stream outlived its engine"
+        return events, time.monotonic() - failed_at
+
+    events, after = asyncio.run(run())
+    assert [e["type"] for e in events] == ["heartbeat"] * len(events) and len(events) <= 3
+    assert after < 1.0

@@ -56,7 +56,11 @@ def test_streaming_chunk_order_and_usage_chunk(client):
     assert finish.choices[0].finish_reason in ("stop", "length") and finish.choices[0].delta.content is None
     assert all(c.choices[0].finish_reason is None for c in chunks[:-2])
     usage_chunk = chunks[-1]
-    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == len(chunks) - 3
+    # a token whose text is held back (part of a character, or nothing printable) sends no chunk
+    # of its own (~1 request in 20 here samples one), so usage counts at least the content chunks
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens >= len(chunks) - 3
+    if finish.choices[0].finish_reason == "length":
+        assert usage_chunk.usage.completion_tokens == 5
     assert all(c.usage is None for c in chunks[:-1])
 
 
