@@ -102,10 +102,9 @@ def test_since_older_than_replay_buffer_asks_for_resync(http, client):
 
 
 def test_the_event_stream_ends_when_the_engine_dies():
-    """A failed replica's stream ends at its next heartbeat wait, so the process can exit at once
-    (uvicorn waits for open streams: the subscriber used to hold it for the graceful timeout)."""
+    """A failed replica's stream ends at once, so the process can exit (uvicorn waits for open
+    streams: a subscriber used to hold a dead replica up for its graceful-shutdown timeout)."""
     import asyncio
-    import time
     from types import SimpleNamespace
 
     from backend_engine.server.kv_routes import _event_stream
@@ -121,17 +120,15 @@ def test_the_event_stream_ends_when_the_engine_dies():
         def load(self):
             return {}
 
-    state = SimpleNamespace(phase=READY, settings=SimpleNamespace(kv_heartbeat_s=0.05))
+    state = SimpleNamespace(phase=READY, settings=SimpleNamespace(kv_heartbeat_s=0.01))
 
-    async def run() -> tuple[list[dict], float]:
-        events, failed_at = [], None
+    async def run() -> list[dict]:
+        events = []
         async for chunk in _event_stream(state, Engine(), 0, 0):
             events.append(json.loads(chunk.decode().removeprefix("data: ")))
             if len(events) == 2:
-                state.phase, failed_at = FAILED, time.monotonic()
+                state.phase = FAILED
             assert len(events) < 10, "the stream outlived its engine"
-        return events, time.monotonic() - failed_at
+        return events
 
-    events, after = asyncio.run(run())
-    assert [e["type"] for e in events] == ["heartbeat"] * len(events) and len(events) <= 3
-    assert after < 1.0
+    assert [e["type"] for e in asyncio.run(run())] == ["heartbeat", "heartbeat"]
