@@ -1,6 +1,11 @@
-"""The benchmarks' llama-server wrapper says why the server did not start (no build needed)."""
+"""The benchmarks' llama-server wrapper says why the server did not start, and keeps it running
+whatever the caller's stdin (no build needed: fake servers)."""
 
 from __future__ import annotations
+
+import os
+import sys
+import time
 
 import pytest
 
@@ -46,10 +51,6 @@ sys.exit(9)
 def test_the_server_outlives_a_caller_whose_stdin_is_at_eof(tmp_path, monkeypatch):
     """A benchmark run `< /dev/null` lost llama-server seconds into its requests; the wrapper
     now gives it a stdin of its own, open until the server is stopped."""
-    import os
-    import sys
-    import time
-
     binary = tmp_path / "llama-server"
     binary.write_text(FAKE_SERVER.format(python=sys.executable))
     binary.chmod(0o755)

@@ -1,9 +1,13 @@
 """The gateway's view of the replica: snapshot and event stream name blocks with exactly the
 hashes routing.hashing computes from a request's tokens."""
 
+import asyncio
 import json
 import random
+from types import SimpleNamespace
 
+from backend_engine.server.kv_routes import _event_stream
+from backend_engine.server.state import FAILED, READY
 from routing.hashing import block_hashes, namespace_for
 from tests.backend_engine.server.conftest import BLOCK_SIZE, MODEL, NUM_KV_BLOCKS
 
@@ -104,12 +108,6 @@ def test_since_older_than_replay_buffer_asks_for_resync(http, client):
 def test_the_event_stream_ends_when_the_engine_dies():
     """A failed replica's stream ends at once, so the process can exit (uvicorn waits for open
     streams: a subscriber used to hold a dead replica up for its graceful-shutdown timeout)."""
-    import asyncio
-    from types import SimpleNamespace
-
-    from backend_engine.server.kv_routes import _event_stream
-    from backend_engine.server.state import FAILED, READY
-
     class Engine:
         def kv_events_since(self, seq):
             return []
