@@ -132,10 +132,9 @@ class LlamaServer:
         self.log_path = self.log_path or Path(tempfile.mkstemp(prefix="llama-server-",
                                                                suffix=".log")[1])
         self._log = open(self.log_path, "w")
-        # stdin: a pipe held open for the server's life. Started with the caller's stdin at EOF
-        # (a benchmark run `< /dev/null`), llama-server shut itself down ("cleaning up before
-        # exit") seconds into streamed requests, and quant_speed lost its llama.cpp row
-        self._proc = subprocess.Popen(self.command(bin_dir), stdin=subprocess.PIPE,
+        # (a run that lost the server seconds in was the client's doing: a kept-alive
+        # connection llama-server had closed, then our own stop; serve_bench_client.open_stream)
+        self._proc = subprocess.Popen(self.command(bin_dir), stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT, env=env)
         url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
@@ -163,8 +162,6 @@ class LlamaServer:
         self._close()
 
     def _close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
         self._log.close()
 
 

@@ -11,12 +11,37 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import httpx
 
 from benchmarks.serve_bench_workloads import Job, RequestSpec
+
+
+@asynccontextmanager
+async def open_stream(client: httpx.AsyncClient, url: str,
+                      body: dict) -> AsyncIterator[httpx.Response]:
+    """POST `body`; the streaming response, closed on leaving. Sent once more if a kept-alive
+    connection turns out to have been closed by the server before it answered (httpx:
+    RemoteProtocolError "Server disconnected without sending a response"): llama-server
+    closes its connections after a few requests, and a client reusing one in that instant lost
+    the request (quant_speed lost its llama.cpp row to it, 2026-12-01)."""
+    response = None
+    for attempt in (1, 2):
+        try:
+            response = await client.send(client.build_request("POST", url, json=body),
+                                         stream=True)
+            break
+        except httpx.RemoteProtocolError:
+            if attempt == 2:
+                raise
+    try:
+        yield response
+    finally:
+        await response.aclose()
 
 
 @dataclass(slots=True)
@@ -154,7 +179,8 @@ class LoadClient:
             start = time.perf_counter()
             last = None
             try:
-                async with self._client.stream("POST", self.spec.base_urls[g] + path, json=body) as resp:
+                async with open_stream(self._client, self.spec.base_urls[g] + path,
+                                       body) as resp:
                     if resp.status_code != 200:
                         res.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                         return
