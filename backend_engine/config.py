@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 SCHEDULING_POLICIES = ("priority", "fcfs")
 KV_ROLES = ("both", "prefill", "decode")
-QUANTIZED_PREFILL = ("auto", "dequant", "kernel")
+QUANTIZED_PREFILL = ("auto", "dequant", "template", "kernel")
 
 
 @dataclass(slots=True)
@@ -22,8 +22,10 @@ class EngineConfig:
     #   "int8" (weight-only) | "int4" (groups of quantization_group_size: half the bytes, more
     #   perplexity)
     quantized_prefill: str = "auto"  # a quantised model's prompt tokens on CPU: "dequant" (weights
-    #   dequantised to bf16 per call, a GEMM in fixed 64-row tiles: quant/cpu_gemm.py) | "kernel"
-    #   (the weight-only kernel, as generated tokens) | "auto" (dequant where measured faster)
+    #   dequantised to bf16 per call, a GEMM in fixed 64-row tiles: quant/cpu_gemm.py) |
+    #   "template" (int4: Inductor's weight-only GEMM template, compiled per weight at start-up:
+    #   quant/cpu_template.py) | "kernel" (the weight-only kernel, as generated tokens) | "auto"
+    #   (the fastest measured at start-up; the template only where layers are compiled)
     device: str = "cpu"  # "cpu" | "cuda"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"

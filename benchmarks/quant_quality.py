@@ -30,6 +30,7 @@ import torch
 from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
 from backend_engine.llm import LLM
 from backend_engine.model_loader import resolve_model
+from backend_engine.quant import cpu_template
 from backend_engine.sampling_params import SamplingParams
 
 TEXT = Path(__file__).resolve().parent.parent / "tests/backend_engine/quant/data/evaluation_text.txt"
@@ -119,12 +120,14 @@ def evaluate(name: str, spec: dict, ids: list[int], prompt_list, reference) -> d
 
 
 def weight_bytes(model) -> int:
-    """Bytes of every weight the model holds (embeddings, norms, linear layers, lm_head)."""
+    """Bytes of every weight the model holds (embeddings, norms, linear layers, lm_head), with
+    the copies int4 GEMM templates hold for prompt rows."""
     seen: dict[int, int] = {}
 
     def add(w) -> None:
         if w is not None:
-            seen[id(w)] = w.nbytes if hasattr(w, "nbytes") else w.numel() * w.element_size()
+            seen[id(w)] = (w.nbytes + cpu_template.extra_bytes(w) if hasattr(w, "nbytes")
+                           else w.numel() * w.element_size())
 
     add(model.embed), add(model.norm), add(model.lm_head)
     for layer in model.layers:

@@ -29,6 +29,7 @@ import time
 import httpx
 
 from benchmarks.quant_quality import TEXT, weight_bytes
+from benchmarks.serve_bench_client import open_stream
 
 FORMATS = {"fp32": dict(dtype="float32"), "bf16": dict(dtype="bfloat16"),
            "int8": dict(dtype="bfloat16", quantization="int8"),
@@ -57,7 +58,7 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str,
     first = None
     chunks = 0
     usage = None
-    async with client.stream("POST", url + "/completions", json=body) as response:
+    async with open_stream(client, url + "/completions", body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":

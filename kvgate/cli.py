@@ -60,11 +60,14 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "activations per row, as llama.cpp computes its Q8_0 output; CPU), int8 "
                         "weight-only, or int4 in groups (half the bytes; SmolLM2 perplexity "
                         "x1.063)")
-    p.add_argument("--quantized-prefill", default="auto", choices=["auto", "dequant", "kernel"],
+    p.add_argument("--quantized-prefill", default="auto",
+                   choices=["auto", "dequant", "template", "kernel"],
                    help="a quantised model's prompt tokens on CPU: dequant (weights dequantised "
                         "to bf16 per call, then a GEMM in fixed 64-row tiles, so chunking changes "
-                        "no bit), kernel (the weight-only kernel generated tokens use), auto "
-                        "(dequant where measured faster at start-up)")
+                        "no bit), template (int4: Inductor's weight-only GEMM template, AMX where "
+                        "the CPU has it, compiled per weight at start-up), kernel (the "
+                        "weight-only kernel generated tokens use), auto (the fastest measured at "
+                        "start-up)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")

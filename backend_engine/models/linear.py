@@ -16,7 +16,7 @@ power-of-two row bucket by timing the candidates over the model's own weights, o
 Quantised weights (backend_engine/quant) come through the same call: their prepared layout names
 its kind, and the kind's forms (e.g. int8 weight-only kernel vs dequantise-then-GEMM) are chosen
 the same way, per shape and bucket; above the last bucket the last bucket's choice holds. Their
-prompt rows may take one more form, chosen once for all row counts (`prompt_gemm_faster`).
+prompt rows may take one more form, chosen once for all row counts (`fastest_prompt_form`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from backend_engine.quant import cpu_template
 from backend_engine.quant.prepare import forms as quant_forms
 from backend_engine.quant.prepare import prompt_form
 
@@ -92,32 +93,82 @@ def _timings(candidates: dict[str, Form], weights: list, x: torch.Tensor,
     return {name: min(t) for name, t in times.items()}  # interference only adds time
 
 
-PROMPT_ROWS = 128  # rows prompt_gemm_faster times: a short prompt's chunk
+PROMPT_ROWS = 128  # rows fastest_prompt_form times: a short prompt's chunk
+PROMPT_WEIGHTS = 4  # weights of each group it times them over
 
 
-def prompt_gemm_faster(groups: list[list], dtype: torch.dtype = torch.float32,
-                       repeats: int = 3) -> bool:
-    """Whether the quantised weights' prompt form (dequantise, then GEMM in row tiles) beats
-    their kernel by the margin at `PROMPT_ROWS` rows, over one of each group's weights (e.g.
-    a layer's qkv, o, gate_up and down), summed; measured once per process and shape. Prompt
-    rows take one form whatever their count (a row's bits may not depend on its chunk), so
-    it is chosen once for all, not per bucket."""
-    total = {"kernel": 0.0, "gemm": 0.0}
+def fastest_prompt_form(groups: list[list], dtype: torch.dtype = torch.float32,
+                        template: Form | None = None, repeats: int = 3) -> str:
+    """The form prompt rows of quantised weights take: "kernel" (the weight-only kernel),
+    "gemm" (dequantise, then GEMM in row tiles) or, where `template` is given (the compiled
+    int4 GEMM template, as a form over the first weights of each group), "template": the
+    fastest at `PROMPT_ROWS` rows over the first `PROMPT_WEIGHTS` weights of each group (of
+    the qkv, o, gate_up and down weights), summed, if it beats the kernel by the margin. Measured once per process
+    and shape. Prompt rows take one form whatever their count (a row's bits may not depend on
+    its chunk), so it is chosen once for all, not per bucket."""
+    total: dict[str, float] = {}
     for weights in groups:
         shape, kind = _key(weights[0])
-        key = ("prompt", shape, kind, dtype)
+        key = ("prompt", shape, kind, dtype, template is not None)
         with _lock:
             if key not in _measured:
                 x = torch.randn(PROMPT_ROWS, shape[1], dtype=dtype)
                 candidates = {"kernel": next(iter(quant_forms(kind).values())),
                               "gemm": prompt_form(kind)}
+                if template is not None:
+                    candidates["template"] = template
                 # compute-bound at this row count: a few layers' weights tell
-                _measured[key] = _timings(candidates, weights[:4], x, repeats)
+                _measured[key] = _timings(candidates, weights[:PROMPT_WEIGHTS], x, repeats)
             for name, seconds in _measured[key].items():
-                total[name] += seconds
-    log.info("prompt rows at %d rows: kernel %.1f ms, dequantise + GEMM %.1f ms",
-             PROMPT_ROWS, 1e3 * total["kernel"], 1e3 * total["gemm"])
-    return total["gemm"] < MARGIN * total["kernel"]
+                total[name] = total.get(name, 0.0) + seconds
+    log.info("prompt rows at %d rows: %s", PROMPT_ROWS,
+             ", ".join(f"{name} {1e3 * seconds:.1f} ms" for name, seconds in total.items()))
+    best = min(total, key=total.__getitem__)
+    return best if total[best] < MARGIN * total["kernel"] else "kernel"
+
+
+def choose_prompt_form(groups: list[list], mode: str, dtype: torch.dtype,
+                       compile_templates: bool = True) -> str:
+    """`--quantized-prefill` auto (measured: `fastest_prompt_form`; the template a candidate
+    with `compile_templates` and weights large enough to pay its compile), dequant or template
+    (int4 weights, else dequant) → the form of the prompt rows over these groups of weights; a
+    chosen template is compiled for every weight now (cpu_template.py), all or none, and
+    attached to them."""
+    weights = [w for group in groups for w in group]
+    if mode == "template":
+        template = all(cpu_template.eligible(w, 0) for w in weights)
+    else:
+        template = mode == "auto" and compile_templates and all(map(cpu_template.eligible,
+                                                                    weights))
+    compiled: dict[int, cpu_template.TemplateMatmul] = {}
+
+    def compile_(ws: list) -> bool:
+        for w in ws:
+            if id(w) not in compiled:
+                built = cpu_template.compile_for(w)
+                if built is None:
+                    return False
+                compiled[id(w)] = built
+        return True
+
+    if mode == "auto":
+        timed = [w for group in groups for w in group[:PROMPT_WEIGHTS]]
+        template = template and compile_(timed)
+        form = fastest_prompt_form(groups, dtype,
+                                   (lambda x, w: compiled[id(w)](x)) if template else None)
+    else:
+        form = "template" if template else "gemm"
+    if form == "template":
+        if compile_(weights):
+            for w in weights:
+                cpu_template.attach(w, compiled[id(w)])
+        else:
+            form = "gemm"
+    if mode == "template" and form != "template":
+        log.warning("--quantized-prefill template: not every weight is int4 or Inductor could "
+                    "not build its template here; prompt rows dequantise + GEMM instead")
+    log.info("prompt rows of the quantised weights take the %s form", form)
+    return form
 
 
 def _candidates(weight, rows: int) -> dict[str, Form]:

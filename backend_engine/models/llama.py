@@ -23,7 +23,7 @@ from backend_engine.errors import ModelLoadError
 from backend_engine.models.compiled_layers import CompiledLayers, compiled_layers
 from backend_engine.models.decode_graph import DecodeGraph
 from backend_engine.models.layer_halves import input_half, output_half, prompt_linear, rms_norm
-from backend_engine.models.linear import RowAwareLinear, prompt_gemm_faster
+from backend_engine.models.linear import RowAwareLinear, choose_prompt_form
 from backend_engine.models.rotary import RotaryEmbedding
 from backend_engine.quant.formats import cat_rows, is_quantized
 from backend_engine.quant.prepare import prepare, prepare_lm_head, prompt_form, quantize
@@ -73,10 +73,12 @@ class LlamaModel:
                  max_positions: int, dtype: torch.dtype, device: str = "cpu",
                  calibrate_matmuls: bool = True, tp: TensorParallelGroup = SINGLE,
                  quantization: str | None = None, quant_group_size: int = 32,
-                 lm_head_quantization: str = "w8a8", quantized_prefill: str = "auto"):
+                 lm_head_quantization: str = "w8a8", quantized_prefill: str = "auto",
+                 compile_templates: bool = True):
         """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard.
         quantized_prefill: how prompt tokens multiply quantised weights on CPU ("dequant",
-        "kernel", or "auto": dequant where measured faster; `prompt_gemm` says which)."""
+        "template", "kernel", or "auto": the fastest measured, the template only where
+        `compile_templates`; `prompt_matmul` says which)."""
         self.config = config
         self.tp = tp
         self.layout = shard_layout(config, tp.rank, tp.size)
@@ -114,12 +116,15 @@ class LlamaModel:
         self.decode_graph: DecodeGraph | None = None  # use_compiled_layers(kv_caches)
         if calibrate_matmuls and self.device.type == "cpu":
             self.linear.calibrate([*self._weight_groups(), [self.lm_head]], dtype=dtype)
-        # prompt rows through dequantise-then-GEMM (quant/cpu_gemm.py); one rank only, since
-        # ranks deciding apart would run different passes around their all-reduces
-        self.prompt_gemm = (quantized_prefill != "kernel" and self.device.type == "cpu"
-                            and tp.size == 1 and self._has_prompt_forms())
-        if self.prompt_gemm and quantized_prefill == "auto":
-            self.prompt_gemm = prompt_gemm_faster(self._weight_groups(), dtype)
+        # prompt rows through dequantise-then-GEMM (quant/cpu_gemm.py) or int4's GEMM
+        # template (quant/cpu_template.py); one rank only, since ranks deciding apart would run
+        # different passes around their all-reduces
+        self.prompt_matmul = "kernel"  # "kernel", "gemm" or "template"
+        if (quantized_prefill != "kernel" and self.device.type == "cpu" and tp.size == 1
+                and self._has_prompt_forms()):
+            self.prompt_matmul = choose_prompt_form(self._weight_groups(), quantized_prefill,
+                                                    dtype, compile_templates)
+        self.prompt_gemm = self.prompt_matmul != "kernel"
 
     def _weight_groups(self) -> list[list]:
         """Each layer's weights by role: qkv, o, gate_up, down."""

@@ -85,7 +85,7 @@ class CpuW8A8Weight:
         return (q.t() * self.scales[:, None]).to(dtype)
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class CpuInt4Weight:
     kind: ClassVar[str] = "int4_cpu"
     packed: torch.Tensor  # uint8, torch's blocked int4 layout for [N_padded, K]

@@ -19,7 +19,8 @@ form a token takes depends only on its place in its sequence.
 
 Each kind's conversion and tile loop run as one custom op, so Inductor treats them as a call
 and the compiled layers keep them whole; int4's dequantisation inside is compiled on its own for
-each weight shape.
+each weight shape. int4's op runs a weight's compiled GEMM template instead where the model
+chose that form (cpu_template.py: faster still, and no per-call dequantisation).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from backend_engine.attention.compiled_decode import own_copy
+from backend_engine.quant import cpu_template
 from backend_engine.quant.cpu import KERNEL_DTYPE, CpuInt4Weight, CpuInt8Weight
 
 TILE_ROWS = 64  # rows per GEMM call (measured: 32 was ~1.4x slower at 512 rows, 128 pads more)
@@ -150,15 +152,21 @@ class _FusedDequantize:
 _fused_dequantize = _FusedDequantize()
 
 
-@torch.library.custom_op("kvgate::int4_tiled_mm", mutates_args=())
-def int4_tiled_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
-                  group_size: int) -> torch.Tensor:
-    """x [M, K] @ the int4 weight's dequantised transpose, in `TILE_ROWS`-row tiles: one op,
-    so compiled layers call the static-shape dequantisation instead of tracing it."""
+@torch.library.custom_op("kvgate::int4_prompt_mm", mutates_args=())
+def int4_prompt_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+                   group_size: int) -> torch.Tensor:
+    """x [M, K] @ the int4 weight's transpose for prompt rows: through the weight's compiled
+    GEMM template where one is attached (cpu_template.py), else its dequantised transpose in
+    `TILE_ROWS`-row tiles. One op, so compiled layers call it (and the static-shape
+    dequantisation) instead of tracing it; which of the two a weight takes is fixed at load."""
+    template = cpu_template.lookup(packed)
+    y = template(x) if template is not None else None
+    if y is not None:
+        return y
     return tiled_mm(x, _fused_dequantize(packed, scales_and_zeros, group_size).t())
 
 
-@int4_tiled_mm.register_fake
+@int4_prompt_mm.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
       group_size: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], packed.shape[0], dtype=KERNEL_DTYPE)
@@ -167,7 +175,7 @@ def _(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
 def int4_gemm(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
     if w.perm is not None:
         x = x.index_select(1, w.perm)
-    y = int4_tiled_mm(x, w.packed, w.scales_and_zeros, w.group_size)
+    y = int4_prompt_mm(x, w.packed, w.scales_and_zeros, w.group_size)
     if y.shape[1] != w.out_features:
         y = y[:, :w.out_features].contiguous()
     return y.to(x.dtype)
