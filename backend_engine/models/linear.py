@@ -103,9 +103,9 @@ def fastest_prompt_form(groups: list[list], dtype: torch.dtype = torch.float32,
     "gemm" (dequantise, then GEMM in row tiles) or, where `template` is given (the compiled
     int4 GEMM template, as a form over the first weights of each group), "template": the
     fastest at `PROMPT_ROWS` rows over the first `PROMPT_WEIGHTS` weights of each group (of
-    the qkv, o, gate_up and down weights), summed, if it beats the kernel by the margin. Measured once per process
-    and shape. Prompt rows take one form whatever their count (a row's bits may not depend on
-    its chunk), so it is chosen once for all, not per bucket."""
+    the qkv, o, gate_up and down weights), summed, if it beats the kernel by the margin.
+    Measured once per process and shape. Prompt rows take one form whatever their count (a
+    row's bits may not depend on its chunk), so it is chosen once for all, not per bucket."""
     total: dict[str, float] = {}
     for weights in groups:
         shape, kind = _key(weights[0])
