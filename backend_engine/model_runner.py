@@ -234,9 +234,12 @@ class ModelRunner:
         results: dict[Sequence, SeqResult] = {}
         plain = [(seq, first) for seq, first, n in inputs.sampled_seqs if n == 1]
         if plain:
-            index = torch.tensor([first for _, first in plain])
+            firsts = [first for _, first in plain]
             plain_rows = [rows[seq][0] for seq, _ in plain]
-            out = self.sampler.sample_processed(logits[index], plain_rows)
+            # every row, in order (a step without drafts to verify): no copy of the logits
+            chosen = logits if firsts == list(range(logits.shape[0])) else \
+                logits[torch.tensor(firsts)]
+            out = self.sampler.sample_processed(chosen, plain_rows)
             for i, (seq, _) in enumerate(plain):
                 results[seq] = SeqResult(
                     [out.token_ids[i]],

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from backend_engine.argmax import argmax_rows
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.structured.bitmask import MaskRow, apply_grammar_masks
 
@@ -105,7 +106,7 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         greedy = [r.params.greedy for r in rows]
-        tokens = logits.argmax(dim=-1)
+        tokens = argmax_rows(logits)
         if all(greedy):
             return tokens
         drawn = [i for i, g in enumerate(greedy) if not g]

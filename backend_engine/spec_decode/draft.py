@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from transformers import AutoConfig
 
+from backend_engine.argmax import argmax_rows
 from backend_engine.block_pool import BlockPool
 from backend_engine.config import EngineConfig
 from backend_engine.errors import ModelLoadError
@@ -86,7 +87,7 @@ class DraftModelProposer:
         sampler = self.runner.sampler
         logits = sampler.process(logits, [row])
         if seq.params.greedy:
-            return int(logits.argmax()), None
+            return int(argmax_rows(logits)[0]), None
         q = sampler.probs(logits, [row])
         generator = seq.generator or sampler.generator
         return int(torch.multinomial(q[0], 1, generator=generator)), q

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from backend_engine.argmax import argmax_rows
+
 
 def verify_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
     """target_logits: [len(drafts) + 1, V] processed logits. Returns accepted + 1 tokens."""
-    best = target_logits.argmax(dim=-1).tolist()
+    best = argmax_rows(target_logits).tolist()
     out = []
     for i, x in enumerate(drafts):
         if best[i] != x:
