@@ -1,12 +1,16 @@
 """Speed of quantised weights: kvgate fp32 / bf16 / int8 / int4 against llama.cpp's llama-server
 on the same GGUF (SmolLM2-135M-Instruct Q4_1), one run, the same threads for every server.
 
-Each server runs alone (one kvgate replica through `kvgate up --gateways 0`, or llama-server with
-16 parallel slots) and is measured with the same streaming /v1/completions client:
+Every server is started first (one kvgate replica per format through `kvgate up --gateways 0`,
+and llama-server with 16 parallel slots); then they are measured in turn, request by request or
+wave by wave, each while the others stand idle, with the same streaming /v1/completions client:
 - decode tok/s at c=1: requests one after another, (output tokens - 1) / (end - first token);
 - aggregate tok/s at c=16: 16 concurrent requests, all output tokens / wall time;
 - prefill tok/s: one ~1,000-token prompt at a time, max_tokens=1, prompt tokens / time;
 - weight MB: what the replica's model holds (the GGUF's size for llama.cpp).
+Interleaved, a server's figure and its neighbour's come from the same minutes: this VM's speed
+drifts by 20-40 % from one quarter-hour to the next, and measured one after the other (as
+before 2026-12-02) the c=1 ratio swung from 0.75 to 1.26 in three runs ten minutes apart.
 Prompts are distinct ~110-token windows of the evaluation text (no prefix-cache hits), outputs
 128 tokens (ignore_eos). kvgate's quantised rows run with --dtype bfloat16 (the CPU kernels'
 activation dtype). Both servers run their OpenMP workers with libgomp's default spin (each has
@@ -25,6 +29,7 @@ import gc
 import json
 import os
 import time
+from contextlib import ExitStack
 
 import httpx
 
@@ -76,27 +81,46 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str,
             "prompt_tokens": prompt_tokens}
 
 
-async def measure(url: str, args) -> dict:
+async def measure(urls: dict[str, str], args) -> dict[str, dict]:
+    """Each server's figures, the servers taking turns (the first of each turn alternating)."""
+    names = list(urls)
+    c1 = {name: [] for name in names}
+    wave = {name: {} for name in names}
+    long = {name: [] for name in names}
     async with httpx.AsyncClient(timeout=1800) as client:
-        model = (await client.get(url + "/models")).json()["data"][0]["id"]
-        await _one(client, url, model, "Hello", 4)  # warm up
-        c1 = [await _one(client, url, model, p, args.max_tokens)
-              for p in prompt_texts(args.c1_requests, PROMPT_TOKENS, offset=100)]
+        models = {name: (await client.get(url + "/models")).json()["data"][0]["id"]
+                  for name, url in urls.items()}
+
+        async def one(name: str, prompt: str, max_tokens: int) -> dict:
+            return await _one(client, urls[name], models[name], prompt, max_tokens)
+
+        for name in names:
+            await one(name, "Hello", 4)  # warm up
+        for i, prompt in enumerate(prompt_texts(args.c1_requests, PROMPT_TOKENS, offset=100)):
+            for name in names[i % 2:] + names[:i % 2]:
+                c1[name].append(await one(name, prompt, args.max_tokens))
         prompts = prompt_texts(args.concurrency, PROMPT_TOKENS, offset=200)
-        start = time.perf_counter()
-        wave = await asyncio.gather(*[_one(client, url, model, p, args.max_tokens)
-                                      for p in prompts])
-        wall = time.perf_counter() - start
-        long = [await _one(client, url, model, p, 1)
-                for p in prompt_texts(args.prefill_requests, LONG_PROMPT_TOKENS, offset=300)]
-    decode = [(r["tokens"] - 1) / (r["end"] - r["first"]) for r in c1 if r["tokens"] > 1]
-    prefill_tokens = sum(r["prompt_tokens"] or LONG_PROMPT_TOKENS for r in long)
-    return {"c1_tok_s": sum(decode) / len(decode),
-            "c16_tok_s": sum(r["tokens"] for r in wave) / wall,
-            "prefill_tok_s": prefill_tokens / sum(r["end"] - r["start"] for r in long)}
+        for name in names:
+            start = time.perf_counter()
+            results = await asyncio.gather(*[one(name, p, args.max_tokens) for p in prompts])
+            wave[name] = {"results": results, "wall": time.perf_counter() - start}
+        for i, prompt in enumerate(prompt_texts(args.prefill_requests, LONG_PROMPT_TOKENS,
+                                                offset=300)):
+            for name in names[i % 2:] + names[:i % 2]:
+                long[name].append(await one(name, prompt, 1))
+    rows = {}
+    for name in names:
+        decode = [(r["tokens"] - 1) / (r["end"] - r["first"]) for r in c1[name] if r["tokens"] > 1]
+        prefill_tokens = sum(r["prompt_tokens"] or LONG_PROMPT_TOKENS for r in long[name])
+        rows[name] = {
+            "c1_tok_s": sum(decode) / len(decode),
+            "c16_tok_s": sum(r["tokens"] for r in wave[name]["results"]) / wave[name]["wall"],
+            "prefill_tok_s": prefill_tokens / sum(r["end"] - r["start"] for r in long[name])}
+    return rows
 
 
-def kvgate_row(name: str, flags: dict, args, say) -> dict:
+def kvgate_replica(name: str, flags: dict, args, stack: ExitStack, say) -> tuple[str, float]:
+    """Start one kvgate replica of a format; its /v1 URL and the model's weight MB."""
     from backend_engine.llm import LLM
     from benchmarks.serve_bench_cluster import Cluster
     from kvgate.launcher.config import UpConfig
@@ -114,22 +138,22 @@ def kvgate_row(name: str, flags: dict, args, say) -> dict:
     config = UpConfig(model="default", replicas=1, gateways=0, num_threads=args.threads,
                       quantization=flags.get("quantization"), engine=engine,
                       log_level="warning", health_timeout_s=900.0)
-    with Cluster(config, say=say) as cluster:
-        row = asyncio.run(measure(cluster.replica_urls[0] + "/v1", args))
-    return {"server": f"kvgate {name}", "weight_mb": mb, **row}
+    say(f"starting kvgate {name}")
+    cluster = stack.enter_context(Cluster(config, say=say))
+    return cluster.replica_urls[0] + "/v1", mb
 
 
-def llamacpp_row(args, say) -> dict | None:
+def llamacpp_server(args, stack: ExitStack, say) -> tuple[str, float] | None:
+    """Start llama-server on the GGUF; its /v1 URL and the file's MB (None if it cannot run)."""
     from benchmarks.llamacpp_server import LlamaServer, LlamaServerUnavailable
 
     server = LlamaServer(parallel=args.concurrency, threads=args.threads, say=say)
     try:
-        with server as url:
-            row = asyncio.run(measure(url, args))
+        url = stack.enter_context(server)
     except LlamaServerUnavailable as exc:
         say(f"llama.cpp skipped: {exc}")
         return None
-    return {"server": "llama.cpp Q4_1", "weight_mb": server.gguf.stat().st_size / 1e6, **row}
+    return url, server.gguf.stat().st_size / 1e6
 
 
 def main() -> None:
@@ -137,7 +161,7 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--c1-requests", type=int, default=4)
+    ap.add_argument("--c1-requests", type=int, default=6)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--prefill-requests", type=int, default=3)
     ap.add_argument("--no-llamacpp", action="store_true")
@@ -149,15 +173,19 @@ def main() -> None:
     def say(message: str) -> None:
         print(message, flush=True)
 
-    rows = []
-    ll = None if args.no_llamacpp else llamacpp_row(args, say)
-    if ll:
-        rows.append(ll)
-        say(json.dumps(ll))
-    for name in args.formats.split(","):
-        row = kvgate_row(name, FORMATS[name], args, say)
-        rows.append(row)
+    servers: dict[str, tuple[str, float]] = {}  # name -> (URL, weight MB)
+    with ExitStack() as stack:
+        if not args.no_llamacpp:
+            started = llamacpp_server(args, stack, say)
+            if started:
+                servers["llama.cpp Q4_1"] = started
+        for name in args.formats.split(","):
+            servers[f"kvgate {name}"] = kvgate_replica(name, FORMATS[name], args, stack, say)
+        figures = asyncio.run(measure({name: url for name, (url, _) in servers.items()}, args))
+    rows = [{"server": name, "weight_mb": mb, **figures[name]} for name, (_, mb) in servers.items()]
+    for row in rows:
         say(json.dumps(row))
+    ll = next((r for r in rows if r["server"] == "llama.cpp Q4_1"), None)
     by = {r["server"]: r for r in rows}
     summary = {"threads": args.threads, "rows": rows}
     for name in ("int4", "int4-lm8", "int4-lm4"):
