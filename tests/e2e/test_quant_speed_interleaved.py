@@ -15,7 +15,8 @@ TOKENS = 5
 
 
 async def _fake(name: str, log: list):
-    """A streaming /v1/completions server answering TOKENS tokens; logs (name, kind, start, end)."""
+    """A streaming /v1/completions server answering TOKENS tokens; logs each completion as
+    (name, max_tokens, prompt, start, end)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
