@@ -7,6 +7,7 @@ from dataclasses import dataclass
 SCHEDULING_POLICIES = ("priority", "fcfs")
 KV_ROLES = ("both", "prefill", "decode")
 QUANTIZED_PREFILL = ("auto", "dequant", "template", "kernel")
+QUANTIZED_DECODE = ("auto", "kernel", "template")
 
 
 @dataclass(slots=True)
@@ -26,6 +27,10 @@ class EngineConfig:
     #   "template" (int4: Inductor's weight-only GEMM template, compiled per weight at start-up:
     #   quant/cpu_template.py) | "kernel" (the weight-only kernel, as generated tokens) | "auto"
     #   (the fastest measured at start-up; the template only where layers are compiled)
+    quantized_decode: str = "auto"  # a quantised model's decode rows on CPU (compiled decode
+    #   step): "template" (weights frozen into the graph, each matmul Inductor's C++ GEMM
+    #   template: models/decode_graph.py) | "kernel" (torch's weight-only kernels) | "auto"
+    #   (the template for int8 on CPUs with AMX)
     device: str = "cpu"  # "cpu" | "cuda"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"
@@ -96,6 +101,8 @@ class EngineConfig:
             raise ValueError("lm_head_quantization must be w8a8, int8 or int4")
         if self.quantized_prefill not in QUANTIZED_PREFILL:
             raise ValueError(f"quantized_prefill must be one of {QUANTIZED_PREFILL}")
+        if self.quantized_decode not in QUANTIZED_DECODE:
+            raise ValueError(f"quantized_decode must be one of {QUANTIZED_DECODE}")
         if self.target_itl_ms is not None and self.target_itl_ms <= 0:
             raise ValueError("target_itl_ms must be positive (or None for a fixed budget)")
         if self.min_prefill_tokens < 1:

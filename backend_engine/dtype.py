@@ -13,15 +13,27 @@ from pathlib import Path
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (none where it cannot be read)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return False
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
-                  if line.startswith("flags")), [])
+            return []
+    return next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                 if line.startswith("flags")), [])
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    flags = cpu_flags(cpuinfo)
     return any(flag in flags for flag in CPU_BF16_FLAGS)
+
+
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Intel AMX tiles with bf16 (Sapphire Rapids and later), which Inductor's GEMM templates
+    multiply with."""
+    flags = cpu_flags(cpuinfo)
+    return "amx_tile" in flags and "amx_bf16" in flags
 
 
 def resolve_dtype(dtype: str, device: str) -> str:

@@ -69,7 +69,8 @@ class ModelRunner:
                                 quant_group_size=config.quantization_group_size,
                                 lm_head_quantization=config.lm_head_quantization,
                                 quantized_prefill=config.quantized_prefill,
-                                compile_templates=config.compile_layers != "off")
+                                compile_templates=config.compile_layers != "off",
+                                quantized_decode=config.quantized_decode)
         self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
         shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),

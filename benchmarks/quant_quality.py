@@ -121,7 +121,7 @@ def evaluate(name: str, spec: dict, ids: list[int], prompt_list, reference) -> d
 
 def weight_bytes(model) -> int:
     """Bytes of every weight the model holds (embeddings, norms, linear layers, lm_head), with
-    the copies int4 GEMM templates hold for prompt rows."""
+    the copies GEMM templates hold (int4 prompt rows; a frozen decode step's weights)."""
     seen: dict[int, int] = {}
 
     def add(w) -> None:
@@ -134,7 +134,8 @@ def weight_bytes(model) -> int:
         for name in ("qkv_weight", "qkv_bias", "o_weight", "gate_up_weight", "down_weight",
                      "input_norm", "post_attn_norm"):
             add(getattr(layer, name))
-    return sum(seen.values())
+    frozen = model.decode_graph.extra_bytes if model.decode_graph is not None else 0
+    return sum(seen.values()) + frozen
 
 
 def main() -> None:

@@ -68,6 +68,12 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "the CPU has it, compiled per weight at start-up), kernel (the "
                         "weight-only kernel generated tokens use), auto (the fastest measured at "
                         "start-up)")
+    p.add_argument("--quantized-decode", default="auto", choices=["auto", "kernel", "template"],
+                   help="a quantised model's decode rows on CPU: template (weights frozen into "
+                        "the compiled decode step, each matmul Inductor's GEMM template, AMX "
+                        "where the CPU has it; minutes to compile the first time), kernel "
+                        "(torch's weight-only kernels), auto (the template for int8 on CPUs "
+                        "with AMX)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -130,6 +136,7 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         quantization_group_size=args.quantization_group_size,
         lm_head_quantization=args.lm_head_quantization,
         quantized_prefill=args.quantized_prefill,
+        quantized_decode=args.quantized_decode,
         device=args.device,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,

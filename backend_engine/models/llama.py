@@ -21,7 +21,7 @@ from backend_engine.distributed.sharding import shard_layout
 from backend_engine.distributed.vocab import embed_tokens, gather_logits
 from backend_engine.errors import ModelLoadError
 from backend_engine.models.compiled_layers import CompiledLayers, compiled_layers
-from backend_engine.models.decode_graph import DecodeGraph
+from backend_engine.models.decode_graph import DecodeGraph, use_frozen
 from backend_engine.models.layer_halves import input_half, output_half, prompt_linear, rms_norm
 from backend_engine.models.linear import RowAwareLinear, choose_prompt_form
 from backend_engine.models.rotary import RotaryEmbedding
@@ -74,11 +74,13 @@ class LlamaModel:
                  calibrate_matmuls: bool = True, tp: TensorParallelGroup = SINGLE,
                  quantization: str | None = None, quant_group_size: int = 32,
                  lm_head_quantization: str = "w8a8", quantized_prefill: str = "auto",
-                 compile_templates: bool = True):
+                 compile_templates: bool = True, quantized_decode: str = "auto"):
         """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard.
         quantized_prefill: how prompt tokens multiply quantised weights on CPU ("dequant",
         "template", "kernel", or "auto": the fastest measured, the template only where
-        `compile_templates`; `prompt_matmul` says which)."""
+        `compile_templates`; `prompt_matmul` says which). quantized_decode: whether the compiled
+        decode step freezes quantised weights into Inductor's GEMM templates ("template",
+        "kernel", or "auto": int8 on AMX CPUs; decode_graph.use_frozen)."""
         self.config = config
         self.tp = tp
         self.layout = shard_layout(config, tp.rank, tp.size)
@@ -97,6 +99,7 @@ class LlamaModel:
         self.rotary = RotaryEmbedding(config, self.head_dim, max_positions, dtype, device)
         self.dtype, self.device = dtype, torch.device(device)
         self.quantization, self.quant_group_size = quantization, quant_group_size
+        self.quantized_decode = quantized_decode if compile_templates else "kernel"
         self.embed = self.to_compute(weights["model.embed_tokens.weight"])
         self.norm = self.to_compute(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights
@@ -178,10 +181,13 @@ class LlamaModel:
             layers = tuple((layer.input_norm, layer.qkv_weight, layer.qkv_bias, layer.o_weight,
                             layer.post_attn_norm, layer.gate_up_weight, layer.down_weight)
                            for layer in self.layers)
-            graph = DecodeGraph(layers, self.norm, self.eps, self.num_heads, self.num_kv_heads,
-                                self.head_dim, self.scale)
-            if graph.warm_up(kv_caches, hidden_size, self.rotary.cos_sin):
-                self.decode_graph = graph
+            shape = (self.norm, self.eps, self.num_heads, self.num_kv_heads, self.head_dim,
+                     self.scale)
+            for frozen in dict.fromkeys((use_frozen(self.quantized_decode, layers), False)):
+                graph = DecodeGraph(layers, *shape, frozen=frozen)
+                if graph.warm_up(kv_caches, hidden_size, self.rotary.cos_sin):
+                    self.decode_graph = graph
+                    break
         return True
 
     def _run_compiled(self, compiled: CompiledLayers, hidden, cos, sin, attn=None, kv_caches=(),

@@ -51,12 +51,13 @@ def _weight_key_class() -> type:
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class WeightKey(CustomGraphPass):
-        """Changes nothing; its uuid, a digest of the weight, keys Inductor's cache by it."""
+        """Changes nothing; its uuid, a digest of the tensors, keys Inductor's cache by them."""
 
-        def __init__(self, w: CpuInt4Weight) -> None:
-            digest = hashlib.blake2b(str(w.group_size).encode(), digest_size=20)
-            for t in (w.packed, w.scales_and_zeros):
-                digest.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+        def __init__(self, tensors, label: str) -> None:
+            digest = hashlib.blake2b(label.encode(), digest_size=20)
+            for t in tensors:
+                digest.update(str((t.dtype, tuple(t.shape))).encode())
+                digest.update(t.contiguous().view(torch.uint8).numpy())
             self._uuid = digest.hexdigest()
 
         def __call__(self, graph: torch.fx.Graph) -> None:
@@ -66,6 +67,13 @@ def _weight_key_class() -> type:
             return self._uuid
 
     return WeightKey
+
+
+def weight_key(tensors, label: str):
+    """An Inductor custom post-grad pass that does nothing but key Inductor's FX-graph cache by
+    these tensors' values (`post_grad_custom_post_pass`): the key does not cover a frozen
+    graph's constants by itself."""
+    return _weight_key_class()(tensors, label)
 
 
 class _Frozen(torch.nn.Module):
@@ -92,7 +100,8 @@ class TemplateMatmul:
 
     def __init__(self, w: CpuInt4Weight) -> None:
         self._fn = torch.compile(_Frozen(w).eval(), dynamic=False, fullgraph=True)
-        self._inductor = {**_INDUCTOR, "post_grad_custom_post_pass": _weight_key_class()(w)}
+        self._inductor = {**_INDUCTOR, "post_grad_custom_post_pass": weight_key(
+            (w.packed, w.scales_and_zeros), str(w.group_size))}
         self.nbytes = w.packed.nbytes + w.scales_and_zeros.nbytes  # the graph's own copy
         self.failed = False
         self.compiled = False

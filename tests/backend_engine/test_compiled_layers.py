@@ -160,3 +160,119 @@ def test_a_quantised_real_model_compiles_by_default_and_fp32_does_not():
     fp32 = LLM("default", num_kv_blocks=16, dtype="float32")
     assert fp32.engine.runner.model.compiled is None
     assert fp32.engine.runner.attention.compiled is not None  # eager layers, compiled attention
+
+
+# --quantized-decode template: the weights frozen into the decode step (Inductor's GEMM templates)
+
+@pytest.fixture(scope="module")
+def frozen_llm():
+    llm = LLM("tiny-random", num_kv_blocks=256, quantization="int8", compile_layers="on",
+              quantized_decode="template", max_num_batched_tokens=64)
+    graph = llm.engine.runner.model.decode_graph
+    assert graph is not None and graph.frozen, "Inductor could not freeze the decode step here"
+    return llm
+
+
+def test_a_frozen_decode_step_gives_the_eager_logits(frozen_llm, monkeypatch):
+    model = frozen_llm.engine.runner.model
+    tokens = list(range(7, 47))  # decode rows cross block boundaries; one row a step (padded)
+    frozen = _decode_logits(frozen_llm, tokens, 10)
+    monkeypatch.setattr(model, "decode_graph", None)
+    monkeypatch.setattr(model, "compiled", None)
+    eager = _decode_logits(frozen_llm, tokens, 10)
+    # the template and torch's kernel round differently: about one bf16 step of the largest
+    torch.testing.assert_close(frozen, eager, atol=1e-2 * eager.abs().max().item(), rtol=0)
+
+
+def test_a_frozen_decode_step_keeps_a_sequences_tokens_whatever_its_batch(frozen_llm):
+    from torch._dynamo.utils import counters
+
+    before = sum(counters["stats"].values())
+    together = [o.outputs[0].token_ids for o in frozen_llm.generate(PROMPTS, GREEDY)]
+    alone = [frozen_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+    assert together == alone  # one row (padded to two) and four: the same graph, the same bits
+    assert sum(counters["stats"].values()) == before  # and nothing compiled again
+
+
+def test_a_frozen_decode_step_holds_its_own_weights(frozen_llm):
+    """Inductor's cache key does not cover frozen constants: the graph's key carries a digest
+    of the weights, so other weights of the same shapes get a graph of their own."""
+    from backend_engine.models.decode_graph import DecodeGraph
+    from backend_engine.quant import cpu
+    from backend_engine.quant.formats import quantize_int8
+
+    model = frozen_llm.engine.runner.model
+    first = model.decode_graph
+    layers = [list(layer) for layer in first._layers]
+    gen = torch.Generator().manual_seed(7)
+    for layer in layers:
+        for i in (1, 3, 5, 6):
+            layer[i] = cpu.prepare_int8(quantize_int8(torch.randn(*layer[i].shape, generator=gen)))
+    other = {frozen: DecodeGraph(tuple(map(tuple, layers)), model.norm, model.eps,
+                                 model.num_heads, model.num_kv_heads, model.head_dim,
+                                 model.scale, frozen=frozen) for frozen in (True, False)}
+    caches = frozen_llm.engine.runner.kv_caches
+    for graph in other.values():
+        assert graph.warm_up(caches, model.embed.shape[1], model.rotary.cos_sin)
+    with torch.inference_mode():  # inference tensors, as the engine's steps (guarded)
+        hidden = torch.randn(3, model.embed.shape[1])
+        step = (*model.rotary.cos_sin(torch.tensor([3, 4, 5])), caches,
+                torch.tensor([40, 41, 42]), torch.tensor([[2, 3], [2, 3], [2, 3]]),
+                torch.tensor([4, 5, 6]))
+        out = {name: graph(hidden.clone(), *step) for name, graph in
+               (("first", first), ("frozen", other[True]), ("kernel", other[False]))}
+    torch.testing.assert_close(out["frozen"], out["kernel"], atol=2e-2, rtol=0)
+    assert (out["frozen"] - out["first"]).abs().max() > 0.1
+
+
+def test_which_decode_step_freezes_its_weights(monkeypatch):
+    from backend_engine.models import decode_graph
+
+    tiny = LLM("tiny-random", num_kv_blocks=16, quantization="int8", compile_layers="on")
+    model = tiny.engine.runner.model
+    layers = model.decode_graph._layers
+    assert not model.decode_graph.frozen  # auto: tiny weights do not pay the compile
+    assert decode_graph.use_frozen("template", layers)
+    assert not decode_graph.use_frozen("kernel", layers)
+    from backend_engine.quant import cpu_template
+
+    monkeypatch.setattr(cpu_template, "MIN_ELEMENTS", 1)
+    monkeypatch.setattr("backend_engine.dtype.cpu_has_amx", lambda: True)
+    assert decode_graph.use_frozen("auto", layers)
+    monkeypatch.setattr("backend_engine.dtype.cpu_has_amx", lambda: False)
+    assert not decode_graph.use_frozen("auto", layers)  # measured on AMX only
+    norm, w = torch.ones(4), torch.zeros(4, 4)
+    fp = ((norm, w, None, w, norm, torch.zeros(8, 4), w),)
+    assert not decode_graph.use_frozen("template", fp)  # fp weights: nothing to freeze
+
+
+def test_a_decode_step_that_cannot_freeze_runs_with_the_kernels(monkeypatch):
+    from backend_engine.models import decode_graph
+
+    def broken(self, *args):
+        raise RuntimeError("no GEMM template here")
+
+    monkeypatch.setattr(decode_graph.FrozenStep, "forward", broken)
+    llm = LLM("tiny-random", num_kv_blocks=64, quantization="int8", compile_layers="on",
+              quantized_decode="template")
+    graph = llm.engine.runner.model.decode_graph
+    assert graph is not None and not graph.frozen
+    assert llm.generate("hello", GREEDY)[0].outputs[0].token_ids
+
+
+def test_a_bad_quantized_decode_value_is_refused():
+    from backend_engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="quantized_decode"):
+        EngineConfig(quantized_decode="sometimes").validate()
+
+
+def test_frozen_int4_weights_keep_a_sequences_tokens_whatever_its_batch():
+    llm = LLM("tiny-random", num_kv_blocks=256, quantization="int4", compile_layers="on",
+              quantized_decode="template", max_num_batched_tokens=64)
+    graph = llm.engine.runner.model.decode_graph
+    if graph is None or not graph.frozen:
+        pytest.skip("Inductor has no int4 GEMM template on this CPU (AVX512 and AMX only)")
+    together = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    alone = [llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+    assert together == alone
