@@ -224,6 +224,8 @@ class DecodeGraph:
             # built, and the graph would fail, loudly, rather than change its bits)
             config = (inductor_config.patch(self._compile_config),
                       functorch_config.patch(enable_autograd_cache=False))
+            log.info("compiling the decode step with its weights frozen into Inductor's GEMM "
+                     "templates (--quantized-decode): minutes with a cold Inductor cache")
         else:
             config = ()
         with torch.inference_mode(), contextlib.ExitStack() as stack:

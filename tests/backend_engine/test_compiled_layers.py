@@ -151,7 +151,10 @@ def test_a_bad_compile_layers_value_is_refused():
 
 
 def test_a_quantised_real_model_compiles_by_default_and_fp32_does_not():
-    int8 = LLM("default", num_kv_blocks=64, quantization="int8", dtype="bfloat16")
+    # the kernels' decode step: frozen (auto on AMX CPUs) it compiles for minutes with a cold
+    # Inductor cache; its tests above run on the tiny model
+    int8 = LLM("default", num_kv_blocks=64, quantization="int8", dtype="bfloat16",
+               quantized_decode="kernel")
     assert int8.engine.runner.model.compiled is not None
     assert int8.engine.runner.model.decode_graph is not None
     assert int8.engine.runner.attention.compiled is None  # decode rows never reach it
