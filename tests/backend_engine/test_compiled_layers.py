@@ -228,19 +228,15 @@ def test_a_frozen_decode_step_holds_its_own_weights(frozen_llm):
     assert (out["frozen"] - out["first"]).abs().max() > 0.1
 
 
-def test_which_decode_step_freezes_its_weights(monkeypatch):
+def test_which_decode_step_freezes_its_weights(frozen_llm, monkeypatch):
     from backend_engine.models import decode_graph
 
-    tiny = LLM("tiny-random", num_kv_blocks=16, quantization="int8", compile_layers="on")
-    model = tiny.engine.runner.model
-    layers = model.decode_graph._layers
-    assert not model.decode_graph.frozen  # auto: tiny weights do not pay the compile
+    layers = frozen_llm.engine.runner.model.decode_graph._layers  # tiny int8 weights
+    monkeypatch.setattr("backend_engine.dtype.cpu_has_amx", lambda: True)
+    assert not decode_graph.use_frozen("auto", layers)  # tiny weights do not pay the compile
     assert decode_graph.use_frozen("template", layers)
     assert not decode_graph.use_frozen("kernel", layers)
-    from backend_engine.quant import cpu_template
-
-    monkeypatch.setattr(cpu_template, "MIN_ELEMENTS", 1)
-    monkeypatch.setattr("backend_engine.dtype.cpu_has_amx", lambda: True)
+    monkeypatch.setattr("backend_engine.quant.cpu_template.MIN_ELEMENTS", 1)
     assert decode_graph.use_frozen("auto", layers)
     monkeypatch.setattr("backend_engine.dtype.cpu_has_amx", lambda: False)
     assert not decode_graph.use_frozen("auto", layers)  # measured on AMX only
