@@ -29,6 +29,21 @@ def test_engine_flag_sets_the_lm_head_format():
         assert engine_config_from_args(args).lm_head_quantization == method
 
 
+def test_engine_flag_sets_the_decode_form_and_up_passes_it(tmp_path, capsys):
+    parse = build_parser().parse_args
+    assert engine_config_from_args(parse(["engine"])).quantized_decode == "auto"
+    for form in ("auto", "kernel", "template"):
+        args = parse(["engine", "--quantization", "int8", "--quantized-decode", form])
+        assert engine_config_from_args(args).quantized_decode == form
+    path = tmp_path / "up.yaml"
+    path.write_text("quantization: int8\nengine: {quantized_decode: kernel}\n")
+    for replica in build_plan(_up("--config", str(path)), gpus=0, cores=2).replicas:
+        assert replica.argv[replica.argv.index("--quantized-decode") + 1] == "kernel"
+    with pytest.raises(SystemExit):
+        parse(["engine", "--quantized-decode", "sometimes"])
+    assert "--quantized-decode" in capsys.readouterr().err
+
+
 def test_up_passes_the_lm_head_format_from_the_engine_section(tmp_path):
     path = tmp_path / "up.yaml"
     path.write_text("quantization: int4\nengine: {lm_head_quantization: int4}\n")
