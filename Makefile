@@ -32,8 +32,10 @@ $(STAMP): pyproject.toml Makefile
 serve: setup
 	$(BIN)/kvgate up
 
+# Two workers, one test file each at a time (a file's fixtures stay in one process): much of
+# the suite waits on replicas and gateways starting, so two files share the 2 cores well.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Strict: a broken link or anchor, a page missing from the nav, any warning fails the build.
 # NO_MKDOCS_2_WARNING: Material prints a notice about its end of life on every build.
