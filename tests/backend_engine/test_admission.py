@@ -98,10 +98,16 @@ def test_the_http_edge_answers_503_with_retry_after_and_serves_again_after():
                 load = http.get(server.base_url + "/kv/snapshot").json()["load"]
                 assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, (r.text, load)
                 assert r.json()["error"]["code"] == "engine_overloaded"
-            metrics = http.get(server.base_url + "/metrics").text
+            # the floor follows the step-cost model, which learns from every step (the aborted
+            # busy request may still be stepping): compare it with a scrape it did not move across
+            for _ in range(20):
+                floor = http.get(server.base_url + "/kv/snapshot").json()["load"][
+                    "prefill_floor_tokens"]
+                metrics = http.get(server.base_url + "/metrics").text
+                if http.get(server.base_url + "/kv/snapshot").json()["load"][
+                        "prefill_floor_tokens"] == floor:
+                    break
             assert "kvgate_admission_refused_total 1.0" in metrics
-            load = http.get(server.base_url + "/kv/snapshot").json()["load"]
-            floor = load["prefill_floor_tokens"]
             assert floor >= 32 and f"kvgate_prefill_floor_tokens {float(floor)}" in metrics
             for _ in range(100):
                 if http.get(server.base_url + "/kv/snapshot").json()["load"]["running"] == 0:
