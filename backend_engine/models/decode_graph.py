@@ -14,7 +14,8 @@ The rows of a step's prefill chunks keep the layer-by-layer path (llama.py): pro
 and decode rows carrying speculative drafts, need prefill attention. Decode rows always come
 here, whatever else the step holds, so a sequence's tokens do not depend on its batch. The
 row count and the width of the block tables are dynamic (one row specialises: its own graph);
-`warm_up` compiles both at start-up; a failure leaves the layer-by-layer path in charge.
+`warm_up` compiles both at start-up; a failure leaves the layer-by-layer path in charge. On
+CPU the graph's wrapper is C++ (use_cpp_wrapper), falling back to Python's if it will not build.
 
 Frozen (`--quantized-decode template`, the default for int8 weights on AMX CPUs): the weights
 are constants of the graph instead of its inputs (Inductor's `freezing`), so under
@@ -101,6 +102,18 @@ def use_frozen(mode: str, layers: tuple) -> bool:
                                  >= cpu_template.MIN_ELEMENTS for w in weights)
 
 
+def use_cpp_wrapper(device: torch.device, frozen: bool) -> bool:
+    """Whether the graph's wrapper (the code that calls its kernels and matmuls in turn) is
+    C++ rather than Python: on CPU, for the unfrozen graph. Python's wrapper runs ~1,000
+    statements a step for a 30-layer model (buffer views, kernel calls, the int4 matmul's op
+    dispatch); in C++ a one-row int4 SmolLM2 step took 11.0 against 12.7 ms (interleaved, same
+    tokens, 2 cores, no AMX). Its cost is a compile: ~35 s more for SmolLM2's two graphs with
+    an empty Inductor cache (the wrapper at -O1, the kernels apart at -O3:
+    `cpp_wrapper_build_separate`), nothing from the cache. The frozen graph keeps Python's
+    (not measured with its GEMM templates)."""
+    return device.type == "cpu" and not frozen
+
+
 class FrozenStep(torch.nn.Module):
     """`_decode_step` over weights held as buffers, which freezing makes constants. A quantised
     weight (a dataclass of tensors and settings) is rebuilt inside the graph from its buffers,
@@ -151,15 +164,18 @@ class DecodeGraph:
     """The compiled decode step of one model over one engine's KV caches."""
 
     def __init__(self, layers: tuple, final_norm: torch.Tensor, eps: float, heads: int,
-                 kv_heads: int, head_dim: int, scale: float, frozen: bool = False) -> None:
+                 kv_heads: int, head_dim: int, scale: float, frozen: bool = False,
+                 cpp_wrapper: bool = False) -> None:
         # Inductor's wrapper asserts every input's size and stride at each call (~600 asserts
         # here, ~0.4 ms a step): the weights and pools are fixed, the step inputs are guarded
         options = {"guard_filter_fn": _step_input_guards, "size_asserts": False,
                    "alignment_asserts": False}
+        if cpp_wrapper:  # see use_cpp_wrapper
+            options.update(cpp_wrapper=True, cpp_wrapper_build_separate=True)
         if frozen:  # also here: a compile without freezing then finds no template, and fails
             options.update({k: v for k, v in FROZEN_INDUCTOR.items() if k != "freezing"})
         self._consts = (eps, heads, kv_heads, head_dim, scale)
-        self.frozen = frozen
+        self.frozen, self.cpp_wrapper = frozen, cpp_wrapper
         self.extra_bytes = 0  # what the graph holds besides the model's weights
         if frozen:
             step = FrozenStep(layers, final_norm, self._consts).eval()
@@ -205,9 +221,11 @@ class DecodeGraph:
         except Exception as exc:  # noqa: BLE001 - Inductor raises many kinds; eager always works
             self.failed = True
             log.warning("the compiled decode step%s is unavailable here (%s: %s); running "
-                        "decode rows %s", " (frozen weights)" if self.frozen else "",
+                        "decode rows %s", " (frozen weights)" if self.frozen else
+                        " (C++ wrapper)" if self.cpp_wrapper else "",
                         type(exc).__name__, str(exc).splitlines()[0][:200],
-                        "with the kernels" if self.frozen else "layer by layer")
+                        "with the kernels" if self.frozen else "with a Python wrapper"
+                        if self.cpp_wrapper else "layer by layer")
             return None
 
     def warm_up(self, caches: tuple, hidden_size: int, cos_sin) -> bool:

@@ -21,7 +21,7 @@ from backend_engine.distributed.sharding import shard_layout
 from backend_engine.distributed.vocab import embed_tokens, gather_logits
 from backend_engine.errors import ModelLoadError
 from backend_engine.models.compiled_layers import CompiledLayers, compiled_layers
-from backend_engine.models.decode_graph import DecodeGraph, use_frozen
+from backend_engine.models.decode_graph import DecodeGraph, use_cpp_wrapper, use_frozen
 from backend_engine.models.layer_halves import input_half, output_half, prompt_linear, rms_norm
 from backend_engine.models.linear import RowAwareLinear, choose_prompt_form
 from backend_engine.models.rotary import RotaryEmbedding
@@ -183,8 +183,12 @@ class LlamaModel:
                            for layer in self.layers)
             shape = (self.norm, self.eps, self.num_heads, self.num_kv_heads, self.head_dim,
                      self.scale)
-            for frozen in dict.fromkeys((use_frozen(self.quantized_decode, layers), False)):
-                graph = DecodeGraph(layers, *shape, frozen=frozen)
+            frozen = use_frozen(self.quantized_decode, layers)
+            # each form falls back to the next if it does not compile here
+            forms = [(frozen, use_cpp_wrapper(self.device, frozen))]
+            forms += [(False, use_cpp_wrapper(self.device, False)), (False, False)]
+            for frozen, cpp_wrapper in dict.fromkeys(forms):
+                graph = DecodeGraph(layers, *shape, frozen=frozen, cpp_wrapper=cpp_wrapper)
                 if graph.warm_up(kv_caches, hidden_size, self.rotary.cos_sin):
                     self.decode_graph = graph
                     break

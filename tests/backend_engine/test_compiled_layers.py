@@ -54,7 +54,7 @@ def _decode_logits(llm, tokens: list[int], prompt_len: int) -> torch.Tensor:
 def test_decode_rows_run_as_one_graph_with_the_eager_logits(monkeypatch):
     llm = LLM("tiny-random", num_kv_blocks=64, compile_layers="on")
     model = llm.engine.runner.model
-    assert model.decode_graph is not None
+    assert model.decode_graph is not None and model.decode_graph.cpp_wrapper  # on CPU
     layer_by_layer = []
     real = model._layers
     monkeypatch.setattr(model, "_layers", lambda hidden, *a: layer_by_layer.append(
@@ -96,6 +96,24 @@ def test_a_decode_step_that_cannot_compile_runs_layer_by_layer(monkeypatch):
     model = llm.engine.runner.model
     assert model.decode_graph is None and model.compiled is not None
     assert llm.generate("hello", GREEDY)[0].outputs[0].token_ids
+
+
+def test_a_cpp_wrapper_that_cannot_compile_leaves_the_python_one_with_the_same_logits(
+        monkeypatch):
+    from torch._inductor.codecache import CppWrapperCodeCache
+
+    tokens = list(range(7, 47))
+    cpp = LLM("tiny-random", num_kv_blocks=64, compile_layers="on")
+    assert cpp.engine.runner.model.decode_graph.cpp_wrapper
+    expected = _decode_logits(cpp, tokens, 10)
+    monkeypatch.setattr(CppWrapperCodeCache, "load_pybinding", _broken)
+    # another pool size (a constant of the graph): compiled, or loaded from Inductor's cache,
+    # afresh in this process
+    llm = LLM("tiny-random", num_kv_blocks=48, compile_layers="on")
+    graph = llm.engine.runner.model.decode_graph
+    assert graph is not None and not graph.cpp_wrapper
+    # the same kernels in the same order: the same bits
+    assert torch.equal(_decode_logits(llm, tokens, 10), expected)
 
 
 def test_a_sequences_tokens_do_not_depend_on_its_batch(monkeypatch):
@@ -221,13 +239,16 @@ def test_a_frozen_decode_step_holds_its_own_weights(frozen_llm):
     for graph in other.values():
         assert graph.warm_up(caches, model.embed.shape[1], model.rotary.cos_sin)
     with torch.inference_mode():  # inference tensors, as the engine's steps (guarded)
-        hidden = torch.randn(3, model.embed.shape[1])
+        hidden = torch.randn(3, model.embed.shape[1], generator=gen)
         step = (*model.rotary.cos_sin(torch.tensor([3, 4, 5])), caches,
                 torch.tensor([40, 41, 42]), torch.tensor([[2, 3], [2, 3], [2, 3]]),
                 torch.tensor([4, 5, 6]))
         out = {name: graph(hidden.clone(), *step) for name, graph in
                (("first", first), ("frozen", other[True]), ("kernel", other[False]))}
-    torch.testing.assert_close(out["frozen"], out["kernel"], atol=2e-2, rtol=0)
+    # the template and torch's kernel round differently: about one bf16 step of the largest
+    # (an absolute 2e-2 held on AMX; AVX512's micro-kernel missed it by one element in 192)
+    torch.testing.assert_close(out["frozen"], out["kernel"],
+                               atol=1e-2 * out["kernel"].abs().max().item(), rtol=0)
     assert (out["frozen"] - out["first"]).abs().max() > 0.1
 
 
