@@ -183,10 +183,10 @@ class LlamaModel:
                            for layer in self.layers)
             shape = (self.norm, self.eps, self.num_heads, self.num_kv_heads, self.head_dim,
                      self.scale)
-            frozen = use_frozen(self.quantized_decode, layers)
+            first = use_frozen(self.quantized_decode, layers)
             # each form falls back to the next if it does not compile here
-            forms = [(frozen, use_cpp_wrapper(self.device, frozen))]
-            forms += [(False, use_cpp_wrapper(self.device, False)), (False, False)]
+            forms = [(first, use_cpp_wrapper(self.device, first)),
+                     (False, use_cpp_wrapper(self.device, False)), (False, False)]
             for frozen, cpp_wrapper in dict.fromkeys(forms):
                 graph = DecodeGraph(layers, *shape, frozen=frozen, cpp_wrapper=cpp_wrapper)
                 if graph.warm_up(kv_caches, hidden_size, self.rotary.cos_sin):
