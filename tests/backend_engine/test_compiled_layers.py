@@ -245,10 +245,9 @@ def test_a_frozen_decode_step_holds_its_own_weights(frozen_llm):
                 torch.tensor([4, 5, 6]))
         out = {name: graph(hidden.clone(), *step) for name, graph in
                (("first", first), ("frozen", other[True]), ("kernel", other[False]))}
-    # the template and torch's kernel round differently: about one bf16 step of the largest
-    # (an absolute 2e-2 held on AMX; AVX512's micro-kernel missed it by one element in 192)
-    torch.testing.assert_close(out["frozen"], out["kernel"],
-                               atol=1e-2 * out["kernel"].abs().max().item(), rtol=0)
+    # a seeded input: from the global RNG (test order) AVX512's micro-kernel once missed 2e-2 by
+    # one element in 192 (0.0235); with this one the largest difference is ~0.004
+    torch.testing.assert_close(out["frozen"], out["kernel"], atol=2e-2, rtol=0)
     assert (out["frozen"] - out["first"]).abs().max() > 0.1
 
 
