@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 SCHEDULING_POLICIES = ("priority", "fcfs")
 KV_ROLES = ("both", "prefill", "decode")
-QUANTIZED_PREFILL = ("auto", "dequant", "template", "kernel")
+QUANTIZED_PREFILL = ("auto", "dequant", "template", "int8", "kernel")
 QUANTIZED_DECODE = ("auto", "kernel", "template")
 
 
@@ -25,8 +25,10 @@ class EngineConfig:
     quantized_prefill: str = "auto"  # a quantised model's prompt tokens on CPU: "dequant" (weights
     #   dequantised to bf16 per call, a GEMM in fixed 64-row tiles: quant/cpu_gemm.py) |
     #   "template" (int4: Inductor's weight-only GEMM template, compiled per weight at start-up:
-    #   quant/cpu_template.py) | "kernel" (the weight-only kernel, as generated tokens) | "auto"
-    #   (the fastest measured at start-up; the template only where layers are compiled)
+    #   quant/cpu_template.py) | "int8" (int8 weights, int4 ones requantised per call, times
+    #   activations as two int8 digits, summed in integers: quant/cpu_int8_gemm.py) | "kernel"
+    #   (the weight-only kernel, as generated tokens) | "auto" (the fastest measured at
+    #   start-up; the template only where layers are compiled)
     quantized_decode: str = "auto"  # a quantised model's decode rows on CPU (compiled decode
     #   step): "template" (weights frozen into the graph, each matmul Inductor's C++ GEMM
     #   template: models/decode_graph.py) | "kernel" (torch's weight-only kernels) | "auto"

@@ -1,8 +1,9 @@
 """Prompt rows of quantised CPU weights: one SmolLM2 layer's four matmuls (qkv, o, gate_up,
 down), summed, at several row counts, through the weight-only kernel and through the prompt
-forms (dequantise to bf16, then GEMM in 64-row tiles: backend_engine/quant/cpu_gemm.py; int4
-also Inductor's GEMM template, compiled per weight: backend_engine/quant/cpu_template.py), with
-bf16's F.linear beside them. Random weights of the real shapes (the work does not depend on the
+forms (dequantise to bf16, then GEMM in 64-row tiles: backend_engine/quant/cpu_gemm.py; integer
+sums of int8 weights, int4 ones requantised per call, and activations as two int8 digits:
+backend_engine/quant/cpu_int8_gemm.py; int4 also Inductor's GEMM template, compiled per weight:
+backend_engine/quant/cpu_template.py), with bf16's F.linear beside them. Random weights of the real shapes (the work does not depend on the
 values); the best of several passes, interleaved. Ends with one line of JSON: each prompt
 form's speed-up over the kernel per format and row count."""
 
@@ -15,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from backend_engine.quant import cpu, cpu_gemm, cpu_template
+from backend_engine.quant import cpu, cpu_gemm, cpu_int8_gemm, cpu_template
 from backend_engine.quant.formats import quantize_int4, quantize_int8
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: qkv, o, gate_up, down
@@ -46,8 +47,10 @@ def main() -> None:
     forms = {"bf16 F.linear": ("bf16", F.linear),
              "int8 kernel": ("int8", cpu._int8_mm),
              "int8 dequant+GEMM": ("int8", cpu_gemm.int8_gemm),
+             "int8 integers": ("int8", cpu_int8_gemm.int8_int8),
              "int4 kernel": ("int4", cpu._int4_mm),
-             "int4 dequant+GEMM": ("int4", cpu_gemm.int4_gemm)}
+             "int4 dequant+GEMM": ("int4", cpu_gemm.int4_gemm),
+             "int4 integers": ("int4", cpu_int8_gemm.int4_int8)}
     templates = {id(w): cpu_template.compile_for(w) for w in weights["int4"]}
     if all(templates.values()):  # None where Inductor cannot build it here
         forms["int4 template"] = ("int4", lambda x, w: templates[id(w)](x))
@@ -63,10 +66,10 @@ def main() -> None:
     print(f"{'rows':>6} " + " ".join(f"{name:>18}" for name in forms))
     for rows in ROWS:
         print(f"{rows:>6} " + " ".join(f"{table[name][rows]:>18.0f}" for name in forms))
-    speedup = {f"{name.replace(' dequant+GEMM', '_gemm').replace(' template', '_template')}"
-               f"_rows{rows}_vs_kernel":
+    suffix = {"dequant+GEMM": "gemm", "template": "template", "integers": "int8"}
+    speedup = {f"{name.split()[0]}_{suffix[name.split()[1]]}_rows{rows}_vs_kernel":
                round(table[f"{name.split()[0]} kernel"][rows] / table[name][rows], 2)
-               for name in forms if name.endswith(("dequant+GEMM", "template")) for rows in ROWS}
+               for name in forms if name.split()[1] in suffix for rows in ROWS}
     print(json.dumps(speedup))
 
 

@@ -61,11 +61,13 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "weight-only, or int4 in groups (half the bytes; SmolLM2 perplexity "
                         "x1.063)")
     p.add_argument("--quantized-prefill", default="auto",
-                   choices=["auto", "dequant", "template", "kernel"],
+                   choices=["auto", "dequant", "template", "int8", "kernel"],
                    help="a quantised model's prompt tokens on CPU: dequant (weights dequantised "
                         "to bf16 per call, then a GEMM in fixed 64-row tiles, so chunking changes "
                         "no bit), template (int4: Inductor's weight-only GEMM template, AMX where "
-                        "the CPU has it, compiled per weight at start-up), kernel (the "
+                        "the CPU has it, compiled per weight at start-up), int8 (int8 weights, "
+                        "int4 ones requantised per call, times activations as two int8 digits, "
+                        "summed exactly in integers: VNNI/AMX), kernel (the "
                         "weight-only kernel generated tokens use), auto (the fastest measured at "
                         "start-up)")
     p.add_argument("--quantized-decode", default="auto", choices=["auto", "kernel", "template"],

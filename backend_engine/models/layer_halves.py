@@ -5,11 +5,12 @@ Attention in between reads and writes the paged KV cache and sees which rows bel
 sequence; these halves treat every row alike. Eager layers (llama.py) call them with the
 model's `RowAwareLinear` and tensor-parallel all-reduce; compiled layers (compiled_layers.py)
 with `traced_linear`, which is what RowAwareLinear does for quantised CPU weights. A quantised
-model's prompt rows may run both with `prompt_linear` instead (LlamaModel.prompt_gemm).
+model's prompt rows may run both with a `prompt_linear` instead (LlamaModel.prompt_gemm).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -36,14 +37,18 @@ def traced_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> 
     return y if bias is None else y + bias
 
 
-def prompt_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What prompt rows run: a quantised weight's prompt form (dequantise, then a GEMM in
-    fixed row tiles), else as `traced_linear`."""
-    form = None if isinstance(weight, torch.Tensor) else prompt_form(weight.kind)
-    if form is None:
-        return traced_linear(x, weight, bias)
-    y = form(x.reshape(-1, x.shape[-1]), weight)
-    return y if bias is None else y + bias
+@functools.cache
+def prompt_linear(form: str = "gemm") -> Callable:
+    """What prompt rows run: a quantised weight's prompt form `form` ("gemm": dequantise, then
+    a GEMM in fixed row tiles, or int4's template; "int8": integer sums), else as
+    `traced_linear`. One function per form, since compiled layers are kept per linear."""
+    def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        matmul = None if isinstance(weight, torch.Tensor) else prompt_form(weight.kind, form)
+        if matmul is None:
+            return traced_linear(x, weight, bias)
+        y = matmul(x.reshape(-1, x.shape[-1]), weight)
+        return y if bias is None else y + bias
+    return linear
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

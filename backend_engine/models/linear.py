@@ -93,17 +93,18 @@ def _timings(candidates: dict[str, Form], weights: list, x: torch.Tensor,
     return {name: min(t) for name, t in times.items()}  # interference only adds time
 
 
-PROMPT_ROWS = 128  # rows fastest_prompt_form times: a short prompt's chunk
+PROMPT_ROWS = 256  # rows fastest_prompt_form times: a prompt chunk under load (budget 512)
 PROMPT_WEIGHTS = 4  # weights of each group it times them over
 
 
 def fastest_prompt_form(groups: list[list], dtype: torch.dtype = torch.float32,
                         template: Form | None = None, repeats: int = 3) -> str:
     """The form prompt rows of quantised weights take: "kernel" (the weight-only kernel),
-    "gemm" (dequantise, then GEMM in row tiles) or, where `template` is given (the compiled
-    int4 GEMM template, as a form over the first weights of each group), "template": the
-    fastest at `PROMPT_ROWS` rows over the first `PROMPT_WEIGHTS` weights of each group (of
-    the qkv, o, gate_up and down weights), summed, if it beats the kernel by the margin.
+    "gemm" (dequantise, then GEMM in row tiles), "int8" (integer sums) or, where `template`
+    is given (the compiled int4 GEMM template, as a form over the first weights of each
+    group), "template": the fastest at `PROMPT_ROWS` rows over the first `PROMPT_WEIGHTS`
+    weights of each group (of the qkv, o, gate_up and down weights), summed, if it beats the
+    kernel by the margin.
     Measured once per process and shape. Prompt rows take one form whatever their count (a
     row's bits may not depend on its chunk), so it is chosen once for all, not per bucket."""
     total: dict[str, float] = {}
@@ -114,7 +115,7 @@ def fastest_prompt_form(groups: list[list], dtype: torch.dtype = torch.float32,
             if key not in _measured:
                 x = torch.randn(PROMPT_ROWS, shape[1], dtype=dtype)
                 candidates = {"kernel": next(iter(quant_forms(kind).values())),
-                              "gemm": prompt_form(kind)}
+                              "gemm": prompt_form(kind), "int8": prompt_form(kind, "int8")}
                 if template is not None:
                     candidates["template"] = template
                 # compute-bound at this row count: a few layers' weights tell
@@ -130,10 +131,10 @@ def fastest_prompt_form(groups: list[list], dtype: torch.dtype = torch.float32,
 def choose_prompt_form(groups: list[list], mode: str, dtype: torch.dtype,
                        compile_templates: bool = True) -> str:
     """`--quantized-prefill` auto (measured: `fastest_prompt_form`; the template a candidate
-    with `compile_templates` and weights large enough to pay its compile), dequant or template
-    (int4 weights, else dequant) → the form of the prompt rows over these groups of weights; a
-    chosen template is compiled for every weight now (cpu_template.py), all or none, and
-    attached to them."""
+    with `compile_templates` and weights large enough to pay its compile), dequant, int8 or
+    template (int4 weights, else dequant) → the form of the prompt rows over these groups of
+    weights; a chosen template is compiled for every weight now (cpu_template.py), all or
+    none, and attached to them."""
     weights = [w for group in groups for w in group]
     if mode == "template":
         template = all(cpu_template.eligible(w, 0) for w in weights)
@@ -156,6 +157,8 @@ def choose_prompt_form(groups: list[list], mode: str, dtype: torch.dtype,
         template = template and compile_(timed)
         form = fastest_prompt_form(groups, dtype,
                                    (lambda x, w: compiled[id(w)](x)) if template else None)
+    elif mode == "int8":
+        form = "int8"
     else:
         form = "template" if template else "gemm"
     if form == "template":

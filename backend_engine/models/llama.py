@@ -77,7 +77,7 @@ class LlamaModel:
                  compile_templates: bool = True, quantized_decode: str = "auto"):
         """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard.
         quantized_prefill: how prompt tokens multiply quantised weights on CPU ("dequant",
-        "template", "kernel", or "auto": the fastest measured, the template only where
+        "template", "int8", "kernel", or "auto": the fastest measured, the template only where
         `compile_templates`; `prompt_matmul` says which). quantized_decode: whether the compiled
         decode step freezes quantised weights into Inductor's GEMM templates ("template",
         "kernel", or "auto": int8 on AMX CPUs; decode_graph.use_frozen)."""
@@ -119,15 +119,17 @@ class LlamaModel:
         self.decode_graph: DecodeGraph | None = None  # use_compiled_layers(kv_caches)
         if calibrate_matmuls and self.device.type == "cpu":
             self.linear.calibrate([*self._weight_groups(), [self.lm_head]], dtype=dtype)
-        # prompt rows through dequantise-then-GEMM (quant/cpu_gemm.py) or int4's GEMM
-        # template (quant/cpu_template.py); one rank only, since ranks deciding apart would run
-        # different passes around their all-reduces
-        self.prompt_matmul = "kernel"  # "kernel", "gemm" or "template"
+        # prompt rows through dequantise-then-GEMM (quant/cpu_gemm.py), int4's GEMM template
+        # (quant/cpu_template.py) or integer sums (quant/cpu_int8_gemm.py); one rank only,
+        # since ranks deciding apart would run different passes around their all-reduces
+        self.prompt_matmul = "kernel"  # "kernel", "gemm", "template" or "int8"
         if (quantized_prefill != "kernel" and self.device.type == "cpu" and tp.size == 1
                 and self._has_prompt_forms()):
             self.prompt_matmul = choose_prompt_form(self._weight_groups(), quantized_prefill,
                                                     dtype, compile_templates)
         self.prompt_gemm = self.prompt_matmul != "kernel"
+        # the template hides behind the gemm form (int4_prompt_mm finds it on the weight)
+        self.prompt_linear = prompt_linear("int8" if self.prompt_matmul == "int8" else "gemm")
 
     def _weight_groups(self) -> list[list]:
         """Each layer's weights by role: qkv, o, gate_up, down."""
@@ -161,7 +163,7 @@ class LlamaModel:
                layer.qkv_bias is not None,
                *((type(w), tuple(w.shape), getattr(w, "group_size", None)) for w in weights))
         compiled = compiled_layers(key)
-        prompt = compiled_layers(key, prompt_linear) if self.prompt_gemm else None
+        prompt = compiled_layers(key, self.prompt_linear) if self.prompt_gemm else None
         hidden_size = self.embed.shape[1]
         with torch.inference_mode():  # inference tensors, as in the engine's steps
             for rows in (1, 3):
@@ -263,7 +265,7 @@ class LlamaModel:
         if compiled is not None:
             return self._run_compiled(compiled, hidden, *cos_sin, kv_caches=kv_caches,
                                       meta=meta)
-        linear = prompt_linear if prompt else None
+        linear = self.prompt_linear if prompt else None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             hidden = layer(hidden, positions, k_cache, v_cache, meta, cos_sin, linear)
         return rms_norm(hidden, self.norm, self.eps)

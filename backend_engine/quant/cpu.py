@@ -93,6 +93,7 @@ class CpuInt4Weight:
     group_size: int
     out_features: int  # N before padding
     perm: torch.Tensor | None  # input-channel order of the groups (GPTQ act-order)
+    int8_scales: torch.Tensor  # fp32 [N_padded]: max |w| / 127 per channel (cpu_int8_gemm.py)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -100,7 +101,7 @@ class CpuInt4Weight:
 
     @property
     def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales_and_zeros.nbytes + (
+        return self.packed.nbytes + self.scales_and_zeros.nbytes + self.int8_scales.nbytes + (
             self.perm.nbytes if self.perm is not None else 0)
 
     @property
@@ -150,7 +151,10 @@ def prepare_int4(w: Int4Weight) -> CpuInt4Weight:
         zeros = torch.cat([zeros, zeros.new_zeros(pad, zeros.shape[1])])
     packed = aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
     sz = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(KERNEL_DTYPE)
-    return CpuInt4Weight(packed, sz, w.group_size, n, w.perm)
+    # each channel's largest |w| as the kernel dequantises it (from the bf16 scales and zeros)
+    s, z = (part.float().t()[..., None] for part in sz.unbind(-1))  # [N_padded, groups, 1]
+    w_max = ((q.view(n + pad, -1, w.group_size) - 8) * s + z).abs().amax(dim=(1, 2))
+    return CpuInt4Weight(packed, sz, w.group_size, n, w.perm, w_max.clamp_min(1e-30) / 127)
 
 
 def _to_kernel(x: torch.Tensor) -> torch.Tensor:

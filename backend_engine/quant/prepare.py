@@ -56,15 +56,21 @@ def prepare(w: LinearWeight, device: torch.device | str, dtype: torch.dtype) -> 
     return cuda.prepare(w, device)
 
 
-def prompt_form(kind: str) -> Callable | None:
-    """The form prompt rows take for a prepared weight's kind (CPU int8/int4: dequantise, then
-    a GEMM in fixed row tiles, quant/cpu_gemm.py), or None where there is none."""
+def prompt_form(kind: str, name: str = "gemm") -> Callable | None:
+    """The form prompt rows take for a prepared weight's kind, or None where there is none (CPU
+    int8/int4 only): "gemm", dequantise and then a GEMM in fixed row tiles, or int4's compiled
+    template where one is attached (quant/cpu_gemm.py); "int8", integer sums
+    (quant/cpu_int8_gemm.py)."""
     if kind not in cpu.FORMS:
         return None
     from backend_engine.quant import cpu_gemm
 
     if kind == cpu.CpuInt4Weight.kind and not cpu_gemm.int4_layout_checked():
         return None
+    if name == "int8":
+        from backend_engine.quant import cpu_int8_gemm
+
+        return cpu_int8_gemm.FORMS.get(kind)
     return cpu_gemm.FORMS.get(kind)
 
 

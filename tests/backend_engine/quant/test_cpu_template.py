@@ -127,10 +127,10 @@ def test_a_template_that_fails_to_run_leaves_the_prompt_rows_to_the_gemm(compile
 def test_auto_compiles_no_template_for_small_weights_or_without_compiled_layers(monkeypatch):
     monkeypatch.setattr(cpu_template, "compile_for", lambda w: pytest.fail("compiled"))
     small = [[_weight(4, (256, 128))], [_weight(5, (128, 128))]]
-    assert linear.choose_prompt_form(small, "auto", torch.bfloat16) in ("kernel", "gemm")
+    assert linear.choose_prompt_form(small, "auto", torch.bfloat16) in ("kernel", "gemm", "int8")
     big = [[_weight(6, (1024, 256))]]
     assert linear.choose_prompt_form(big, "auto", torch.bfloat16, compile_templates=False) \
-        in ("kernel", "gemm")
+        in ("kernel", "gemm", "int8")
     assert linear.choose_prompt_form(big, "dequant", torch.bfloat16) == "gemm"
 
 
