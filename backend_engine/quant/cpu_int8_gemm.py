@@ -53,12 +53,11 @@ def digits(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def combine(sums: torch.Tensor, row_scales: torch.Tensor, channel_scales: torch.Tensor,
-            out_features: int, dtype: torch.dtype) -> torch.Tensor:
-    """int32 sums [2M, N] of `digits` times int8 weights → y [M, out_features]."""
+            dtype: torch.dtype) -> torch.Tensor:
+    """int32 sums [2M, N] of `digits` times int8 weights with channel scales [N] → y [M, N]."""
     m = row_scales.shape[0]
-    hi = sums[:m, :out_features].float()
-    lo = sums[m:, :out_features].float()
-    return ((hi + lo / LOW_DIGIT) * row_scales * channel_scales[:out_features]).to(dtype)
+    hi, lo = sums[:m].float(), sums[m:].float()
+    return ((hi + lo / LOW_DIGIT) * row_scales * channel_scales).to(dtype)
 
 
 def requantize_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor,
@@ -114,8 +113,8 @@ def _int8_sums(x: torch.Tensor, weight: torch.Tensor, channel_scales: torch.Tens
     if m == 1:  # one row would specialise the dynamic graphs: pad to two (a zero row)
         x = torch.cat([x, x.new_zeros(1, x.shape[1])])
     q, row_scales = _digits(x)
-    y = _combine(torch._int_mm(q, weight.t()), row_scales, channel_scales, out_features,
-                 x.dtype)
+    sums = torch._int_mm(q, weight.t())[:, :out_features]  # int4's padding channels dropped
+    y = _combine(sums, row_scales, channel_scales[:out_features], x.dtype)
     return y[:m] if m == 1 else y
 
 
