@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable
 
 import torch
+from torch.fx.experimental import _config as fx_config
 
 from backend_engine.attention.compiled_decode import own_copy
 from backend_engine.quant import cpu_template
@@ -120,36 +121,40 @@ def int8_gemm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-class _FusedDequantize:
-    """`dequantize_int4` compiled, one static-shape graph per weight shape (one fused loop:
-    ~0.8 ms against ~7 ms eager for 3072 x 576 on 2 threads; with dynamic shapes, or traced
-    into the compiled layers' graph, whose rows are dynamic, Inductor's loop was 2-20x slower);
-    eager where Inductor cannot run."""
+class Compiled:
+    """fn compiled, eager where Inductor cannot run here; thread-safe (engines of one process
+    share it). Static shapes: one graph per shape of its arguments, each a code object of its
+    own (no shape counts against another's recompile limit). `dequantize_int4` takes them: one
+    fused loop, ~0.8 ms against ~7 ms eager for 3072 x 576 on 2 threads; with dynamic shapes,
+    or traced into the compiled layers' graph, whose rows are dynamic, Inductor's loop was
+    2-20x slower. Dynamic shapes: one graph for all."""
 
-    def __init__(self) -> None:
-        self._fns: dict[tuple, Callable] = {}
+    def __init__(self, fn: Callable, dynamic: bool = False) -> None:
+        self._fn, self._dynamic = fn, dynamic
+        self._compiled: dict[tuple, Callable] = {}
         self._failed = False
         self._lock = threading.Lock()
 
-    def __call__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
-                 group_size: int) -> torch.Tensor:
+    def __call__(self, *args):
         if self._failed:
-            return dequantize_int4(packed, scales_and_zeros, group_size)
-        key = (tuple(packed.shape), group_size)
+            return self._fn(*args)
+        key = () if self._dynamic else tuple(
+            tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
         with self._lock:
-            if key not in self._fns:  # a code object each: no shape counts against another's
-                self._fns[key] = torch.compile(own_copy(dequantize_int4), dynamic=False,
-                                               fullgraph=True)
-            fn = self._fns[key]
+            if key not in self._compiled:
+                self._compiled[key] = torch.compile(own_copy(self._fn), dynamic=self._dynamic,
+                                                    fullgraph=True)
+            fn = self._compiled[key]
         try:
-            return fn(packed, scales_and_zeros, group_size)
+            with fx_config.patch(use_duck_shape=False):  # equal sizes stay separate symbols
+                return fn(*args)
         except Exception as exc:  # noqa: BLE001 - Inductor raises many kinds; eager always works
             self._failed = True
-            log.warning("int4 dequantisation runs eager here (%s)", type(exc).__name__)
-            return dequantize_int4(packed, scales_and_zeros, group_size)
+            log.warning("%s runs eager here (%s)", self._fn.__name__, type(exc).__name__)
+            return self._fn(*args)
 
 
-_fused_dequantize = _FusedDequantize()
+_fused_dequantize = Compiled(dequantize_int4)
 
 
 @torch.library.custom_op("kvgate::int4_prompt_mm", mutates_args=())

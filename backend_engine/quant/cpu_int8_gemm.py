@@ -26,18 +26,11 @@ where it is the fastest; on AMX CPUs the GEMM template is.
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Callable
-
 import torch
-from torch.fx.experimental import _config as fx_config
 
-from backend_engine.attention.compiled_decode import own_copy
 from backend_engine.quant.cpu import CpuInt4Weight, CpuInt8Weight
-from backend_engine.quant.cpu_gemm import unpack_int4
+from backend_engine.quant.cpu_gemm import Compiled, unpack_int4
 
-log = logging.getLogger(__name__)
 LOW_DIGIT = 254  # the low digit's unit: the high digit's rounding step (1) in 254ths
 
 
@@ -72,38 +65,9 @@ def requantize_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor,
     return (v * a + (b - 8.0 * a)).round().clamp(-127, 127).view(n, k).to(torch.int8)
 
 
-class _Compiled:
-    """fn compiled (dynamic shapes, or static ones with a graph per shape), eager where Inductor
-    cannot run here; thread-safe (engines of one process share it)."""
-
-    def __init__(self, fn: Callable, dynamic: bool) -> None:
-        self._fn, self._dynamic = fn, dynamic
-        self._compiled: dict[tuple, Callable] = {}
-        self._failed = False
-        self._lock = threading.Lock()
-
-    def __call__(self, *args):
-        if self._failed:
-            return self._fn(*args)
-        key = () if self._dynamic else tuple(
-            a.shape if isinstance(a, torch.Tensor) else a for a in args)
-        with self._lock:
-            if key not in self._compiled:  # a code object each: no shape counts against another
-                self._compiled[key] = torch.compile(own_copy(self._fn), dynamic=self._dynamic,
-                                                    fullgraph=True)
-            fn = self._compiled[key]
-        try:
-            with fx_config.patch(use_duck_shape=False):  # equal sizes stay separate symbols
-                return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - Inductor raises many kinds; eager always works
-            self._failed = True
-            log.warning("%s runs eager here (%s)", self._fn.__name__, type(exc).__name__)
-            return self._fn(*args)
-
-
-_digits = _Compiled(digits, dynamic=True)
-_combine = _Compiled(combine, dynamic=True)
-_requantize_int4 = _Compiled(requantize_int4, dynamic=False)
+_digits = Compiled(digits, dynamic=True)
+_combine = Compiled(combine, dynamic=True)
+_requantize_int4 = Compiled(requantize_int4)  # a fused loop per weight shape
 
 
 def _int8_sums(x: torch.Tensor, weight: torch.Tensor, channel_scales: torch.Tensor,
