@@ -16,7 +16,8 @@ power-of-two row bucket by timing the candidates over the model's own weights, o
 Quantised weights (backend_engine/quant) come through the same call: their prepared layout names
 its kind, and the kind's forms (e.g. int8 weight-only kernel vs dequantise-then-GEMM) are chosen
 the same way, per shape and bucket; above the last bucket the last bucket's choice holds. Their
-prompt rows may take one more form, chosen once for all row counts (`fastest_prompt_form`).
+prompt rows may take another form (dequantise + GEMM tiles, int4's GEMM template or integer
+sums), chosen once for all row counts (`fastest_prompt_form`).
 """
 
 from __future__ import annotations
