@@ -12,7 +12,7 @@ than its fp32 GEMM and ~6x faster than its bf16 one (SmolLM2's 3072 x 576 at 128
   and lo = round((u - hi) * 254), x = max / 127 * (hi + lo / 254) to ~15 bits of the row's
   largest element (bf16 keeps 8 bits of each). One digit alone (llama.cpp's Q8 activations
   with one scale per row) cost SmolLM2 perplexity x1.032 against fp32: its rows carry
-  outlier channels ~25x their median, which squeeze every other channel into a few levels.
+  outlier channels 10-25x their median, which squeeze every other channel into a few levels.
   Two cost x1.0078 (dequantise-then-GEMM in bf16: x1.0053). One `_int_mm` over the 2M digit
   rows gives both sums;
 - y = (sum_hi + sum_lo / 254) * row scale * channel scale, in the activations' dtype.
