@@ -7,7 +7,7 @@ from dataclasses import dataclass
 SCHEDULING_POLICIES = ("priority", "fcfs")
 KV_ROLES = ("both", "prefill", "decode")
 QUANTIZED_PREFILL = ("auto", "dequant", "template", "int8", "kernel")
-QUANTIZED_DECODE = ("auto", "kernel", "template")
+QUANTIZED_DECODE = ("auto", "kernel", "template", "int8")
 
 
 @dataclass(slots=True)
@@ -31,8 +31,10 @@ class EngineConfig:
     #   start-up; the template only where layers are compiled)
     quantized_decode: str = "auto"  # a quantised model's decode rows on CPU (compiled decode
     #   step): "template" (weights frozen into the graph, each matmul Inductor's C++ GEMM
-    #   template: models/decode_graph.py) | "kernel" (torch's weight-only kernels) | "auto"
-    #   (the template for int8 on CPUs with AMX)
+    #   template: models/decode_graph.py) | "kernel" (torch's weight-only kernels) | "int8"
+    #   (int8 weights: every row in integers, activations as two int8 digits:
+    #   quant/cpu_int8_gemm.py) | "auto" (int8 weights: the template on CPUs with AMX, integers
+    #   on CPUs with VNNI and no AMX)
     device: str = "cpu"  # "cpu" | "cuda"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"

@@ -105,7 +105,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"],
                     help="kvgate's weights (the transformers baselines stay in --dtype)")
-    ap.add_argument("--quantized-decode", default="auto", choices=["auto", "template", "kernel"],
+    ap.add_argument("--quantized-decode", default="auto",
+                    choices=["auto", "template", "kernel", "int8"],
                     help="kvgate's --quantized-decode (how decode rows multiply quantised weights)")
     args = ap.parse_args()
 

@@ -70,12 +70,14 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "summed exactly in integers: VNNI/AMX), kernel (the "
                         "weight-only kernel generated tokens use), auto (the fastest measured at "
                         "start-up)")
-    p.add_argument("--quantized-decode", default="auto", choices=["auto", "kernel", "template"],
+    p.add_argument("--quantized-decode", default="auto",
+                   choices=["auto", "kernel", "template", "int8"],
                    help="a quantised model's decode rows on CPU: template (weights frozen into "
                         "the compiled decode step, each matmul Inductor's GEMM template, AMX "
                         "where the CPU has it; minutes to compile the first time), kernel "
-                        "(torch's weight-only kernels), auto (the template for int8 on CPUs "
-                        "with AMX)")
+                        "(torch's weight-only kernels), int8 (int8 weights: every row in "
+                        "integers, activations as two int8 digits), auto (int8 weights: the "
+                        "template on CPUs with AMX, integers on CPUs with VNNI and no AMX)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")

@@ -88,13 +88,15 @@ def use_frozen(mode: str, layers: tuple) -> bool:
     """`--quantized-decode`: template → freeze wherever the layers' matmuls are quantised CPU
     weights; auto → only int8 weight-only ones, each at least cpu_template.MIN_ELEMENTS, on a
     CPU with AMX (where it was measured; int4's template lost to torch's kernel at a few rows,
-    which int4's one-sequence decode is judged by); kernel → never."""
+    which int4's one-sequence decode is judged by); kernel, int8 (integer sums) → never."""
     from backend_engine.dtype import cpu_has_amx
     from backend_engine.quant import cpu, cpu_template
 
     weights = [w for layer in layers for w in (layer[1], layer[3], layer[5], layer[6])]
-    if mode == "kernel" or not all(isinstance(w, (cpu.CpuInt8Weight, cpu.CpuInt4Weight))
-                                   and w.device.type == "cpu" for w in weights):
+    if mode in ("kernel", "int8") or not all(
+            isinstance(w, (cpu.CpuInt8Weight, cpu.CpuInt4Weight))
+            and not isinstance(w, cpu.CpuInt8SumsWeight) and w.device.type == "cpu"
+            for w in weights):
         return False
     if mode == "template":
         return True

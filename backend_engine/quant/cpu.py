@@ -57,6 +57,13 @@ class CpuInt8Weight:
 
 
 @dataclass(slots=True, eq=False)
+class CpuInt8SumsWeight(CpuInt8Weight):
+    """An int8 weight whose every row (decode and prompt alike) is multiplied in integers, the
+    activations as two int8 digits (`--quantized-decode int8`: cpu_int8_gemm.py)."""
+    kind: ClassVar[str] = "int8_sums_cpu"
+
+
+@dataclass(slots=True, eq=False)
 class CpuW8A8Weight:
     kind: ClassVar[str] = "w8a8_cpu"
     packed: torch.Tensor  # oneDNN's blocked layout of int8 [N, K] (an opaque mkldnn tensor)
@@ -122,9 +129,10 @@ class CpuInt4Weight:
         return w.to(dtype)
 
 
-def prepare_int8(w: Int8Weight) -> CpuInt8Weight:
+def prepare_int8(w: Int8Weight, sums: bool = False) -> CpuInt8Weight:
     scales = w.scales.float().contiguous()
-    return CpuInt8Weight(w.qweight.contiguous(), scales.to(KERNEL_DTYPE), scales)
+    kind = CpuInt8SumsWeight if sums else CpuInt8Weight
+    return kind(w.qweight.contiguous(), scales.to(KERNEL_DTYPE), scales)
 
 
 def w8a8_available() -> bool:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from backend_engine.quant.cpu import CpuInt4Weight, CpuInt8Weight
+from backend_engine.quant.cpu import CpuInt4Weight, CpuInt8SumsWeight, CpuInt8Weight
 from backend_engine.quant.cpu_gemm import Compiled, unpack_int4
 
 LOW_DIGIT = 254  # the low digit's unit: the high digit's rounding step (1) in 254ths
@@ -120,4 +120,16 @@ def int4_int8(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
                                w.out_features)
 
 
-FORMS = {CpuInt8Weight.kind: int8_int8, CpuInt4Weight.kind: int4_int8}
+FORMS = {CpuInt8Weight.kind: int8_int8, CpuInt4Weight.kind: int4_int8}  # prompt rows
+
+
+def int8_sums(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
+    """Every row of an int8 weight's matmul in integers, as plain ops for the compiled layers
+    and decode step to trace (`--quantized-decode int8`): the weights exact, the activations
+    to ~15 bits of each row's max; a row's bits depend on the row alone at any row count
+    (checked: a one-row graph, the dynamic-row graph and eager agree to the bit)."""
+    q, row_scales = digits(x)
+    return combine(torch._int_mm(q, w.qweight.t()), row_scales, w.scales_fp32, x.dtype)
+
+
+ROW_FORMS = {CpuInt8SumsWeight.kind: {"int8_sums": int8_sums}}  # every row of these kinds

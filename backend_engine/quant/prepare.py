@@ -44,13 +44,15 @@ def prepare_lm_head(w: LinearWeight, method: str, group_size: int,
     return prepare(w, device, dtype)
 
 
-def prepare(w: LinearWeight, device: torch.device | str, dtype: torch.dtype) -> Any:
-    """An fp weight in the compute dtype, or a quantised one in its device kernel's layout."""
+def prepare(w: LinearWeight, device: torch.device | str, dtype: torch.dtype,
+            int8_sums: bool = False) -> Any:
+    """An fp weight in the compute dtype, or a quantised one in its device kernel's layout;
+    `int8_sums`: int8 weights on CPU multiply every row in integers (cpu_int8_gemm.py)."""
     device = torch.device(device)
     if isinstance(w, torch.Tensor):
         return w.to(dtype=dtype, device=device).contiguous()
     if device.type == "cpu":
-        return cpu.prepare_int8(w) if isinstance(w, Int8Weight) else cpu.prepare_int4(w)
+        return cpu.prepare_int8(w, int8_sums) if isinstance(w, Int8Weight) else cpu.prepare_int4(w)
     from backend_engine.quant import cuda  # triton: only where a GPU runs the model
 
     return cuda.prepare(w, device)
@@ -78,6 +80,10 @@ def forms(kind: str) -> dict[str, Callable]:
     """The matmul forms for a prepared quantised weight's kind; the first is the default."""
     if kind in cpu.FORMS:
         return cpu.FORMS[kind]
+    if kind == cpu.CpuInt8SumsWeight.kind:
+        from backend_engine.quant import cpu_int8_gemm
+
+        return cpu_int8_gemm.ROW_FORMS[kind]
     from backend_engine.quant import cuda
 
     return cuda.FORMS[kind]

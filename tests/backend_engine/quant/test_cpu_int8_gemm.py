@@ -7,7 +7,8 @@ import torch
 from backend_engine.config import EngineConfig
 from backend_engine.llm import LLM
 from backend_engine.models import linear
-from backend_engine.quant import cpu, cpu_gemm, cpu_int8_gemm
+from backend_engine.models import decode_graph
+from backend_engine.quant import cpu, cpu_gemm, cpu_int8_gemm, prepare
 from backend_engine.quant.formats import quantize_int4, quantize_int8
 from tests.backend_engine.quant.test_cpu_gemm import _last_logits
 
@@ -112,3 +113,42 @@ def test_auto_takes_the_integer_form_where_it_is_the_fastest(monkeypatch):
 
 def test_int8_is_a_prefill_mode():
     EngineConfig(quantized_prefill="int8").validate()
+
+
+def test_int8_sums_give_a_row_the_same_bits_compiled_or_not_at_any_row_count():
+    w = cpu.prepare_int8(quantize_int8(torch.randn(3072, 576) * 0.02), sums=True)
+    assert w.kind == "int8_sums_cpu" and prepare.forms(w.kind) == cpu_int8_gemm.ROW_FORMS[w.kind]
+    x = torch.randn(40, 576) * torch.logspace(-2, 2, 40)[:, None]
+    eager = cpu_int8_gemm.int8_sums(x, w)
+    assert (eager - x @ w.dequantize().t()).abs().max() < 1e-4 * eager.abs().max()
+    one = torch.compile(cpu_int8_gemm.int8_sums, dynamic=False)
+    many = torch.compile(cpu_int8_gemm.int8_sums, dynamic=True)
+    with torch.inference_mode():
+        rows = many(x, w)
+        assert torch.equal(rows, eager) and torch.equal(many(x[3:20], w), eager[3:20])
+        for i in (0, 17, 39):
+            assert torch.equal(one(x[i:i + 1], w), eager[i:i + 1])
+
+
+def test_auto_decode_takes_integer_sums_on_cpus_with_vnni_and_no_amx(monkeypatch):
+    from backend_engine.models import llama
+
+    for amx, vnni, mode, prefill, sums in (
+            (False, True, "auto", "auto", True), (True, True, "auto", "auto", False),
+            (False, False, "auto", "auto", False), (True, True, "int8", "auto", True),
+            (False, True, "kernel", "auto", False), (False, True, "auto", "dequant", False)):
+        monkeypatch.setattr(llama, "cpu_has_amx", lambda: amx)
+        monkeypatch.setattr(llama, "cpu_has_vnni", lambda: vnni)
+        llm = LLM("tiny-random", num_kv_blocks=32, quantization="int8", quantized_decode=mode,
+                  quantized_prefill=prefill, compile_layers="off")
+        model = llm.engine.runner.model
+        assert model.int8_sums is sums, (amx, vnni, mode, prefill)
+        weight = model.layers[0].qkv_weight
+        assert (weight.kind == "int8_sums_cpu") is sums
+        assert model.prompt_matmul == "kernel" if sums else True  # every row in integers
+        assert not decode_graph.use_frozen("int8", ((None, weight, None, weight, None, weight,
+                                                     weight),))
+
+
+def test_int8_is_a_decode_mode():
+    EngineConfig(quantized_decode="int8").validate()
