@@ -33,8 +33,8 @@ class EngineConfig:
     #   step): "template" (weights frozen into the graph, each matmul Inductor's C++ GEMM
     #   template: models/decode_graph.py) | "kernel" (torch's weight-only kernels) | "int8"
     #   (int8 weights: every row in integers, activations as two int8 digits:
-    #   quant/cpu_int8_gemm.py) | "auto" (int8 weights: the template on CPUs with AMX, integers
-    #   on CPUs with VNNI and no AMX)
+    #   quant/cpu_int8_gemm.py; asked for only) | "auto" (int8 weights: the template on CPUs
+    #   with AMX, else the kernel)
     device: str = "cpu"  # "cpu" | "cuda"
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
     compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"

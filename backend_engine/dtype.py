@@ -36,12 +36,6 @@ def cpu_has_amx(cpuinfo: str | None = None) -> bool:
     return "amx_tile" in flags and "amx_bf16" in flags
 
 
-def cpu_has_vnni(cpuinfo: str | None = None) -> bool:
-    """AVX512-VNNI or AVX-VNNI: int8 dot products, which oneDNN's `torch._int_mm` runs on."""
-    flags = cpu_flags(cpuinfo)
-    return "avx512_vnni" in flags or "avx_vnni" in flags
-
-
 def resolve_dtype(dtype: str, device: str) -> str:
     """"auto" → bfloat16 or float32 for this device; any other value is returned as given."""
     if dtype != "auto":

@@ -76,8 +76,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "the compiled decode step, each matmul Inductor's GEMM template, AMX "
                         "where the CPU has it; minutes to compile the first time), kernel "
                         "(torch's weight-only kernels), int8 (int8 weights: every row in "
-                        "integers, activations as two int8 digits), auto (int8 weights: the "
-                        "template on CPUs with AMX, integers on CPUs with VNNI and no AMX)")
+                        "integers, activations as two int8 digits: faster at uniform batches, "
+                        "slower under mixed contexts), auto (int8 weights: the template on "
+                        "CPUs with AMX, else the kernel)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")

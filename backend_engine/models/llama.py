@@ -16,7 +16,6 @@ import torch
 
 from backend_engine.attention.backend import AttentionBackend
 from backend_engine.attention.metadata import AttentionMetadata
-from backend_engine.dtype import cpu_has_amx, cpu_has_vnni
 from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout
 from backend_engine.distributed.vocab import embed_tokens, gather_logits
@@ -82,7 +81,7 @@ class LlamaModel:
         `compile_templates`; `prompt_matmul` says which). quantized_decode: whether the compiled
         decode step freezes quantised weights into Inductor's GEMM templates ("template",
         "kernel", or "auto": int8 on AMX CPUs; decode_graph.use_frozen) or multiplies int8
-        weights in integers ("int8", and "auto" on CPUs with VNNI and no AMX: `int8_sums`)."""
+        weights in integers ("int8": `int8_sums`)."""
         self.config = config
         self.tp = tp
         self.layout = shard_layout(config, tp.rank, tp.size)
@@ -102,12 +101,9 @@ class LlamaModel:
         self.dtype, self.device = dtype, torch.device(device)
         self.quantization, self.quant_group_size = quantization, quant_group_size
         self.quantized_decode = quantized_decode if compile_templates else "kernel"
-        # int8 weights multiplying every row in integers (quant/cpu_int8_gemm.py): asked, or
-        # by default on CPUs with VNNI but no AMX (where the GEMM templates are not the faster)
-        # unless a prompt form was asked for (these weights have none: one form for all rows)
-        self.int8_sums = self.device.type == "cpu" and (quantized_decode == "int8" or (
-            quantized_decode == quantized_prefill == "auto" and not cpu_has_amx()
-            and cpu_has_vnni()))
+        # int8 weights multiplying every row in integers (quant/cpu_int8_gemm.py), when asked:
+        # faster at uniform batches, slower than the kernel under a trace's mixed contexts
+        self.int8_sums = self.device.type == "cpu" and quantized_decode == "int8"
         self.embed = self.to_compute(weights["model.embed_tokens.weight"])
         self.norm = self.to_compute(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights

@@ -130,19 +130,13 @@ def test_int8_sums_give_a_row_the_same_bits_compiled_or_not_at_any_row_count():
             assert torch.equal(one(x[i:i + 1], w), eager[i:i + 1])
 
 
-def test_auto_decode_takes_integer_sums_on_cpus_with_vnni_and_no_amx(monkeypatch):
-    from backend_engine.models import llama
-
-    for amx, vnni, mode, prefill, sums in (
-            (False, True, "auto", "auto", True), (True, True, "auto", "auto", False),
-            (False, False, "auto", "auto", False), (True, True, "int8", "auto", True),
-            (False, True, "kernel", "auto", False), (False, True, "auto", "dequant", False)):
-        monkeypatch.setattr(llama, "cpu_has_amx", lambda: amx)
-        monkeypatch.setattr(llama, "cpu_has_vnni", lambda: vnni)
+def test_int8_sums_are_asked_for_and_never_the_default():
+    for mode, prefill, sums in (("auto", "auto", False), ("int8", "auto", True),
+                                ("kernel", "auto", False), ("auto", "int8", False)):
         llm = LLM("tiny-random", num_kv_blocks=32, quantization="int8", quantized_decode=mode,
                   quantized_prefill=prefill, compile_layers="off")
         model = llm.engine.runner.model
-        assert model.int8_sums is sums, (amx, vnni, mode, prefill)
+        assert model.int8_sums is sums, (mode, prefill)
         weight = model.layers[0].qkv_weight
         assert (weight.kind == "int8_sums_cpu") is sums
         assert model.prompt_matmul == "kernel" if sums else True  # every row in integers
@@ -152,3 +146,21 @@ def test_auto_decode_takes_integer_sums_on_cpus_with_vnni_and_no_amx(monkeypatch
 
 def test_int8_is_a_decode_mode():
     EngineConfig(quantized_decode="int8").validate()
+
+
+def test_int8_sums_decode_a_sequence_alone_as_in_a_batch_and_near_the_kernel():
+    from backend_engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
+    prompts = [list(range(40, 40 + n)) for n in (5, 23, 61, 9)]
+    sums = LLM("tiny-random", num_kv_blocks=64, quantization="int8", quantized_decode="int8")
+    assert sums.engine.runner.model.layers[0].qkv_weight.kind == "int8_sums_cpu"
+    batch = sums.generate(prompts, params)
+    alone = sums.generate(prompts[2], params)[0].outputs[0]
+    assert alone.token_ids == batch[2].outputs[0].token_ids
+    assert alone.logprobs == batch[2].outputs[0].logprobs  # the same bits at any batch
+    kernel = LLM("tiny-random", num_kv_blocks=64, quantization="int8", quantized_decode="kernel")
+    want = kernel.generate(prompts[2:3], SamplingParams(max_tokens=1, temperature=0,
+                                                        logprobs=0))[0].outputs[0]
+    assert want.token_ids[0] == alone.token_ids[0]
+    assert abs(alone.logprobs[0].logprob - want.logprobs[0].logprob) < 0.05
