@@ -10,6 +10,7 @@ from backend_engine.models import linear
 from backend_engine.models import decode_graph
 from backend_engine.quant import cpu, cpu_gemm, cpu_int8_gemm, prepare
 from backend_engine.quant.formats import quantize_int4, quantize_int8
+from backend_engine.sampling_params import SamplingParams
 from tests.backend_engine.quant.test_cpu_gemm import _last_logits
 
 
@@ -149,8 +150,6 @@ def test_int8_is_a_decode_mode():
 
 
 def test_int8_sums_decode_a_sequence_alone_as_in_a_batch_and_near_the_kernel():
-    from backend_engine.sampling_params import SamplingParams
-
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
     prompts = [list(range(40, 40 + n)) for n in (5, 23, 61, 9)]
     sums = LLM("tiny-random", num_kv_blocks=64, quantization="int8", quantized_decode="int8")
