@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SCHEDULING_POLICIES = ("priority", "fcfs")
 KV_ROLES = ("both", "prefill", "decode")
-QUANTIZED_PREFILL = ("auto", "dequant", "template", "int8", "kernel")
-QUANTIZED_DECODE = ("auto", "kernel", "template", "int8")
 
 
 @dataclass(slots=True)
@@ -18,29 +16,10 @@ class EngineConfig:
     quantization: str | None = None  # None: the checkpoint's own (awq/gptq) or none | "none" |
     #   "int8" | "int4" (quantise at load; a GGUF's tensors load directly) | "awq" | "gptq"
     quantization_group_size: int = 32  # int4 at load: input features per scale/min (32/64/128)
-    lm_head_quantization: str = "w8a8"  # a quantised model's lm_head: "w8a8" (int8 per channel,
-    #   activations int8 per row: llama.cpp's Q8_0 output; CPU with oneDNN, else as "int8") |
-    #   "int8" (weight-only) | "int4" (groups of quantization_group_size: half the bytes, more
-    #   perplexity)
-    quantized_prefill: str = "auto"  # a quantised model's prompt tokens on CPU: "dequant" (weights
-    #   dequantised to bf16 per call, a GEMM in fixed 64-row tiles: quant/cpu_gemm.py) |
-    #   "template" (int4: Inductor's weight-only GEMM template, compiled per weight at start-up:
-    #   quant/cpu_template.py) | "int8" (int8 weights, int4 ones requantised per call, times
-    #   activations as two int8 digits, summed in integers: quant/cpu_int8_gemm.py) | "kernel"
-    #   (the weight-only kernel, as generated tokens) | "auto" (the fastest measured at
-    #   start-up; the template only where layers are compiled)
-    quantized_decode: str = "auto"  # a quantised model's decode rows on CPU (compiled decode
-    #   step): "template" (weights frozen into the graph, each matmul Inductor's C++ GEMM
-    #   template: models/decode_graph.py) | "kernel" (torch's weight-only kernels) | "int8"
-    #   (int8 weights: every row in integers, activations as two int8 digits:
-    #   quant/cpu_int8_gemm.py; asked for only) | "auto" (int8 weights: the template on CPUs
-    #   with AMX, else the kernel)
     device: str = "cpu"  # "cpu" | "cuda"
-    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
-    compile_attention: str = "auto"  # torch decode attention compiled (torch.compile): "auto"
-    #   (on CPU for K/V of at least model_runner.COMPILE_MIN_KV_BYTES a token and layer) | "on" | "off"
-    compile_layers: str = "auto"  # row-wise layer ops and the decode step compiled (models/):
-    #   "auto" (CPU, one rank, quantised or 16-bit, K/V as compile_attention's) | "on" | "off"
+    enforce_eager: bool = False  # nothing compiled (vLLM's --enforce-eager): start-up in seconds
+    engine_options: dict[str, str] = field(default_factory=dict)  # developer overrides of the
+    #   execution plan (backend_engine/accel/plan.py: OPTIONS), e.g. {"prompt": "tiles"}
     block_size: int = 16  # tokens per KV block (a power of two); gateways must use the same
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0  # KV pool size in GiB when num_kv_blocks is None
@@ -76,6 +55,10 @@ class EngineConfig:
     kv_transfer_window: int = 4  # decode: unacknowledged chunks a sender may have in flight
 
     def validate(self) -> None:
+        from backend_engine.accel.plan import plan_for  # torch-free, as this module
+
+        plan_for(self.device, self.engine_options, one_rank=self.tensor_parallel_size == 1,
+                 enforce_eager=self.enforce_eager)  # a bad engine option is a PlanError
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a positive power of two")
         if self.max_num_seqs <= 0:
@@ -101,12 +84,6 @@ class EngineConfig:
                              "int8, int4, awq or gptq")
         if self.quantization_group_size not in (32, 64, 128):
             raise ValueError("quantization_group_size must be 32, 64 or 128")
-        if self.lm_head_quantization not in ("w8a8", "int8", "int4"):
-            raise ValueError("lm_head_quantization must be w8a8, int8 or int4")
-        if self.quantized_prefill not in QUANTIZED_PREFILL:
-            raise ValueError(f"quantized_prefill must be one of {QUANTIZED_PREFILL}")
-        if self.quantized_decode not in QUANTIZED_DECODE:
-            raise ValueError(f"quantized_decode must be one of {QUANTIZED_DECODE}")
         if self.target_itl_ms is not None and self.target_itl_ms <= 0:
             raise ValueError("target_itl_ms must be positive (or None for a fixed budget)")
         if self.min_prefill_tokens < 1:
@@ -126,7 +103,3 @@ class EngineConfig:
                              "kv_transfer_chunk_bytes must be positive, kv_transfer_port a port")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
-        if self.compile_attention not in ("auto", "on", "off"):
-            raise ValueError("compile_attention must be auto, on or off")
-        if self.compile_layers not in ("auto", "on", "off"):
-            raise ValueError("compile_layers must be auto, on or off")

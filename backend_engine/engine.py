@@ -6,6 +6,8 @@ async engine drives it from one thread."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 
 import torch
@@ -17,7 +19,7 @@ from backend_engine.errors import ContextLengthExceededError, InvalidRequestErro
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.metrics import EngineStats
-from backend_engine.model_loader import check_architecture, resolve_model
+from backend_engine.model_loader import check_architecture, resolve_model, served_quantization
 from backend_engine.model_runner import ModelRunner, SeqResult
 from backend_engine.output_processor import OutputProcessor, RequestState
 from backend_engine.outputs import RequestOutput
@@ -34,10 +36,16 @@ from backend_engine.step_cost import StepCostModel, StepShape
 from backend_engine.structured.manager import StructuredOutputManager
 from routing.hashing import NAMESPACE_RULE, namespace_for
 
+log = logging.getLogger("kvgate.engine")
+
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         config.validate()
+        quantization, served = served_quantization(config.model, config.quantization)
+        if quantization != config.quantization:
+            config = dataclasses.replace(config, quantization=quantization)
+        log.info("%s", served)
         self.config = config
         files = resolve_model(config.model, config.quantization)
         self.model_id = config.served_model_name or files.model_id

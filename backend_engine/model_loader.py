@@ -1,8 +1,9 @@
 """Find a model's files: the embedded default, a GGUF file, a Hugging Face folder, or a tiny
 random-weight model for tests. Everything resolves to a local HF-style folder (config.json,
-tokenizer files, *.safetensors). A GGUF file's weights are either dequantised once and cached on
-disk (unquantised serving), or, with `--quantization int4/int8`, read from the GGUF at each load
-(backend_engine/quant/gguf.py) next to a folder holding only its config and tokenizer."""
+tokenizer files, *.safetensors). A GGUF file is served in its stored quantisation, read from the
+GGUF at each load (backend_engine/quant/gguf.py) next to a folder holding only its config and
+tokenizer (`served_quantization`); with `--quantization none` its weights are dequantised once
+and cached on disk."""
 
 from __future__ import annotations
 
@@ -88,6 +89,28 @@ def resolve_model(spec: str, quantization: str | None = None) -> ModelFiles:
     if not list(path.glob("*.safetensors")):
         raise ModelLoadError(f"model folder {spec!r} has no *.safetensors weights")
     return ModelFiles(path, path.name)
+
+
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF file a model argument names (the default model is one), else None."""
+    if spec in ("default", DEFAULT_MODEL_ID, "", None):
+        return default_gguf_path()
+    path = Path(spec).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
+def served_quantization(spec: str, quantization: str | None) -> tuple[str | None, str]:
+    """The quantisation a model is served with: `quantization` as given, or, for a GGUF file
+    without one, its stored format's nearest (as llama.cpp serves it; `none` dequantises);
+    and a line for the start-up log saying which."""
+    gguf = gguf_file(spec) if quantization is None else None
+    if gguf is None:
+        return quantization, f"quantization {quantization or 'none'}"
+    from backend_engine.quant.gguf import stored_format
+
+    method, types = stored_format(gguf)
+    return method, (f"{gguf.name} served as stored ({types}: {method or 'float'} weights; "
+                    "--quantization none dequantises it)")
 
 
 def check_architecture(config) -> None:

@@ -5,19 +5,21 @@ Under tensor parallelism every rank runs one, on its shard, from the same StepBa
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from backend_engine.accel.forward import PlannedForward
+from backend_engine.accel.plan import plan_for
+from backend_engine.accel.prepare import WeightPrep
 from backend_engine.attention.backend import get_attention_backend
 from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
                                                build_kernel_metadata)
-from backend_engine.attention.torch_backend import TorchAttention
 from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout, shard_state_dict
+from backend_engine.dtype import resolve_dtype
 from backend_engine.models.llama import LlamaModel
 from backend_engine.quant.loader import load_weights, resolve_quantization
 from backend_engine.sampler import Sampler, SamplerOutput, SamplingRow
@@ -26,9 +28,6 @@ from backend_engine.spec_decode.rejection import verify_greedy, verify_sampled
 from backend_engine.step_batch import StepBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Decode attention is compiled by default for K + V of at least this many bytes per token and
-# layer: any real model (SmolLM2-135M: 768 in bf16, 1,536 in fp32), never the tiny test models.
-COMPILE_MIN_KV_BYTES = 512
 log = logging.getLogger("kvgate.engine")
 
 
@@ -58,63 +57,26 @@ class ModelRunner:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
-        self.dtype = DTYPES[config.dtype]
+        self.dtype = DTYPES[resolve_dtype(config.dtype, config.device)]
         self.block_size = config.block_size
-        self.attention = get_attention_backend(config.attention_backend, config.device)
+        plan = plan_for(config.device, config.engine_options, one_rank=tp.size == 1,
+                        enforce_eager=config.enforce_eager)
+        self.attention = get_attention_backend(plan.attention, config.device)
         quantization = resolve_quantization(config.quantization, hf_config, folder)
         weights = shard_state_dict(load_weights(folder, hf_config, quantization),
                                    shard_layout(hf_config, tp.rank, tp.size))
-        self.model = LlamaModel(hf_config, weights, self.attention, max_model_len, self.dtype,
-                                config.device, tp=tp, quantization=quantization,
-                                quant_group_size=config.quantization_group_size,
-                                lm_head_quantization=config.lm_head_quantization,
-                                quantized_prefill=config.quantized_prefill,
-                                compile_templates=config.compile_layers != "off",
-                                quantized_decode=config.quantized_decode)
+        prep = WeightPrep(self.device, self.dtype, quantization,
+                          config.quantization_group_size, plan.lm_head)
+        self.model = LlamaModel(hf_config, weights, self.attention, max_model_len, prep, tp=tp)
         self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
         shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(self.model.num_layers)]
         self.sampler = Sampler(config.seed)
-        self._compile_layers(config.compile_layers)
-        self._compile_attention(config.compile_attention)
-
-    def _compile_attention(self, mode: str) -> None:
-        """Compiled decode attention for the torch backend (compiled_decode.py): where asked,
-        or by default on CPU for models whose K/V are large enough that reading them is the
-        step's cost (tiny test models never compile). By default not where the compiled decode
-        step (models/decode_graph.py) runs decode rows: this kernel would never be called."""
-        if not isinstance(self.attention, TorchAttention) or mode == "off":
-            return
-        if mode == "auto" and self.model.decode_graph is not None:
-            return
-        k_cache, v_cache = self.kv_caches[0]
-        kv_bytes = 2 * k_cache[0, 0].numel() * k_cache.element_size()
-        if mode == "auto" and (self.device.type != "cpu" or kv_bytes < COMPILE_MIN_KV_BYTES):
-            return
-        started = time.perf_counter()
-        if self.attention.use_compiled_decode(k_cache, v_cache, self.model.num_heads,
-                                              self.model.scale):
-            log.info("decode attention compiled in %.1f s", time.perf_counter() - started)
-
-    def _compile_layers(self, mode: str) -> None:
-        """Compiled row-wise layer ops (models/compiled_layers.py) and decode step
-        (models/decode_graph.py): where asked (CPU, one rank),
-        or by default for real models with quantised weights or a 16-bit compute dtype, whose
-        matmuls are fast enough that the ops around them are a large share of a step. fp32
-        models stay eager: RowAwareLinear's GEMV forms beat F.linear there at a few rows."""
-        m = self.model
-        if mode == "off" or self.device.type != "cpu" or m.tp.size > 1:
-            return
-        k_cache = self.kv_caches[0][0]
-        kv_bytes = 2 * k_cache[0, 0].numel() * k_cache.element_size()
-        fp32 = isinstance(m.layers[0].qkv_weight, torch.Tensor) and m.dtype == torch.float32
-        if mode == "auto" and (fp32 or kv_bytes < COMPILE_MIN_KV_BYTES):
-            return
-        started = time.perf_counter()
-        if m.use_compiled_layers(self.kv_caches):
-            log.info("layers compiled in %.1f s", time.perf_counter() - started)
+        self.forward_pass = PlannedForward(self.model, plan, self.kv_caches)
+        if tp.rank == 0:
+            log.info("%s", self.forward_pass.describe())
 
     def check_health(self) -> None:
         """One process: nothing to watch (a tensor-parallel executor raises for a dead rank)."""
@@ -137,11 +99,10 @@ class ModelRunner:
     def prepare(self, batch: StepBatch) -> StepInputs:
         """Inputs of one step. Python work is O(new tokens + blocks), never O(context)."""
         prompt_lens = batch.num_prompt_tokens
-        # with prompt forms (LlamaModel.prompt_gemm), prompt tokens but the last are "prompt
-        # rows" (PrefillChunk.prompt_rows), a lone one too; the last is computed as a decode
-        lone_prompt = self.model.prompt_gemm and bool(prompt_lens)
+        # prompt tokens but the last are "prompt rows" (PrefillChunk.prompt_rows), a lone one
+        # too (a chunk boundary); the last, alone, is computed as a decode row
         decodes = [i for i, tokens in enumerate(batch.token_ids) if len(tokens) == 1
-                   and not (lone_prompt and batch.num_computed_tokens[i] < prompt_lens[i] - 1)]
+                   and not (prompt_lens and batch.num_computed_tokens[i] < prompt_lens[i] - 1)]
         taken = set(decodes)
         prefills = [i for i in range(len(batch.token_ids)) if i not in taken]
         input_ids: list[int] = []
@@ -206,11 +167,11 @@ class ModelRunner:
         """The forward pass; logits only at the rows sampling needs (None if there are none,
         and on tensor-parallel ranks other than 0)."""
         inputs = self.prepare(batch)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
-                                    inputs.meta)
+        hidden = self.forward_pass(inputs.input_ids, inputs.positions, self.kv_caches,
+                                   inputs.meta)
         if not inputs.sampled:
             return inputs, None
-        logits = self.model.compute_logits(hidden[inputs.sample_index])
+        logits = self.forward_pass.compute_logits(hidden[inputs.sample_index])
         # sampling runs on the host (per-request CPU generators make seeds reproducible)
         return inputs, None if logits is None else logits.cpu()
 

@@ -47,8 +47,8 @@ def time_step(runner: ModelRunner, shape: StepShape, max_model_len: int,
     for _ in range(repeats):
         meta.scratch.clear()
         start = time.perf_counter()
-        hidden = runner.model.forward(ids, positions, runner.kv_caches, meta)
-        runner.model.compute_logits(hidden[-logit_rows:]).cpu()
+        hidden = runner.forward_pass(ids, positions, runner.kv_caches, meta)
+        runner.forward_pass.compute_logits(hidden[-logit_rows:]).cpu()
         best = min(best, time.perf_counter() - start)
     return best
 

@@ -1,5 +1,6 @@
 """Decode attention over a paged KV pool, three ways, one layer at a time: the eager grouped
-path, the compiled paged kernel (what the engine runs on CPU), and PyTorch's FlexAttention with
+path, the compiled paged kernel (what the compiled decode step runs on CPU), and PyTorch's
+FlexAttention with
 a paged mask over the flat pool. SmolLM2-135M's heads (9 query, 3 KV, 64 wide), 64 rows at
 500-2,000 tokens of context, blocks of 16 scattered over the pool as a busy replica's are.
 
@@ -18,7 +19,8 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from backend_engine.attention.compiled_decode import CompiledDecode
+from backend_engine.accel.compile import Compiled
+from backend_engine.accel.paged_decode import paged_decode
 from backend_engine.attention.metadata import AttentionMetadata
 from backend_engine.attention.torch_backend import TorchAttention
 from benchmarks.mixed_step import best_of
@@ -73,13 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         meta.scratch.clear()
         return eager.forward(query, k_cache, v_cache, meta, SCALE)
 
-    compiled = TorchAttention()
-    if not compiled.use_compiled_decode(k_cache, v_cache, HEADS, SCALE):
-        raise SystemExit("torch.compile failed here (a C++ compiler is needed)")
+    compiled = Compiled(paged_decode, "paged decode attention")
 
     def run_compiled() -> torch.Tensor:
-        meta.scratch.clear()
-        return compiled.forward(query, k_cache, v_cache, meta, SCALE)
+        out = compiled(query, k_cache, v_cache, block_tables, context_lens, SCALE)
+        if compiled.failed:
+            raise SystemExit("torch.compile failed here (a C++ compiler is needed)")
+        return out
 
     reference = run_eager().float()
     result = {"rows": args.rows, "context_tokens": sum(lens), "dtype": args.dtype,

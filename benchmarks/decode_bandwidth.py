@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from backend_engine.kernels.decode_attention import paged_decode_attention
+from backend_engine.accel.cuda.decode_attention import paged_decode_attention
 
 # Published peak bandwidth (GB/s) for devices whose properties lack the memory clock/bus width.
 KNOWN_PEAK_GB_S = {"H200": 4800, "H100 SXM": 3350, "H100 NVL": 3900, "H100 PCIe": 2000,

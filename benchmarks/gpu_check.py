@@ -48,7 +48,7 @@ def _last_json(text: str) -> dict | None:
 
 def kernel_tests(seconds: float) -> dict:
     report = Path(tempfile.mkdtemp()) / "kernels.xml"
-    code, tail = _run([sys.executable, "-m", "pytest", "tests/backend_engine/kernels", "-q",
+    code, tail = _run([sys.executable, "-m", "pytest", "tests/backend_engine/accel/cuda", "-q",
                        "-p", "no:cacheprovider", f"--junitxml={report}"], seconds)
     if not report.is_file():
         reason = "timed out" if code is None else f"pytest exited {code}"

@@ -6,9 +6,9 @@ and splits the rest into attention and everything else.
     python -m benchmarks.mixed_step                    # fp32, the machine's threads
     python -m benchmarks.mixed_step --dtype bfloat16 --threads 1
 
-Attention is timed as the engine runs it (compiled decode by default on CPU) and eager beside it.
-Last line JSON: step_ms, matmul_ms, attention_ms, eager_attention_ms, step_over_matmul (target
-<= 1.5)."""
+Attention is timed as the torch backend runs it layer by layer (eager); where the plan compiles,
+the engine's decode rows take the compiled decode step instead. Last line JSON: step_ms,
+matmul_ms, attention_ms, step_over_matmul (target <= 1.5)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from collections.abc import Callable
 import torch
 
 from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
-from backend_engine.attention.torch_backend import TorchAttention
 from backend_engine.config import EngineConfig
 from backend_engine.model_loader import resolve_model
 from backend_engine.model_runner import ModelRunner
@@ -75,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=256, help="prefill chunk tokens")
     p.add_argument("--cached", type=int, default=768, help="cached prefix before the chunk")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--compile-attention", default="auto", choices=["auto", "on", "off"],
-                   help="the engine's setting; the eager decode attention is timed beside it")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a developer override of the engine's plan (backend_engine/accel/plan.py)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     lo, hi = (int(x) for x in args.context.split(","))
     config = EngineConfig(dtype=args.dtype, num_kv_blocks=args.decodes * (hi // 16 + 2) + 200,
-                          compile_attention=args.compile_attention)
+                          engine_options=dict(o.split("=", 1) for o in args.engine_option))
     files = resolve_model(config.model)
     from transformers import AutoConfig
 
@@ -97,17 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     @torch.inference_mode()
     def step() -> None:
         meta.scratch.clear()
-        hidden = model.forward(ids, positions, runner.kv_caches, meta)
-        model.compute_logits(hidden[-sampled:])
+        hidden = runner.forward_pass(ids, positions, runner.kv_caches, meta)
+        runner.forward_pass.compute_logits(hidden[-sampled:])
 
     x = torch.randn(rows, model.config.hidden_size, dtype=runner.dtype)
     inter = torch.randn(rows, model.layers[0].down_weight.shape[1], dtype=runner.dtype)
-    attn_out = torch.randn(rows, model.q_size, dtype=runner.dtype)
+    attn_out = torch.randn(rows, model.num_heads * model.head_dim, dtype=runner.dtype)
     head_in = torch.randn(sampled, model.config.hidden_size, dtype=runner.dtype)
 
     @torch.inference_mode()
     def matmuls() -> None:
-        linear = model.linear
+        linear = runner.forward_pass.linear
         for layer in model.layers:
             linear(x, layer.qkv_weight, layer.qkv_bias)
             linear(attn_out, layer.o_weight)
@@ -129,12 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     step_s = best_of(step, args.repeats)
     matmul_s = best_of(matmuls, args.repeats)
     attention_s = best_of(attention_of(model.attention), args.repeats)
-    eager_s = best_of(attention_of(TorchAttention()), args.repeats)
     kv_bytes = 2 * context * model.num_kv_heads * model.head_dim * k_cache.element_size()
     result = {"step_ms": round(step_s * 1e3, 1), "matmul_ms": round(matmul_s * 1e3, 1),
               "attention_ms": round(attention_s * 1e3, 1),
-              "compiled_attention": getattr(model.attention, "compiled", None) is not None,
-              "eager_attention_ms": round(eager_s * 1e3, 1),
+              "decode_step": runner.forward_pass.decode_step is not None,
               "other_ms": round((step_s - matmul_s - attention_s) * 1e3, 1),
               "step_over_matmul": round(step_s / matmul_s, 3),
               "decode_kv_gb_per_s": round(kv_bytes * model.num_layers / attention_s / 1e9, 2),

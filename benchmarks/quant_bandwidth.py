@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from backend_engine.kernels.quant_matmul import int4_matmul, int8_matmul
+from backend_engine.accel.cuda.quant_matmul import int4_matmul, int8_matmul
 from backend_engine.quant.formats import quantize_int4, quantize_int8
 from benchmarks.decode_bandwidth import _time_ms, copy_bandwidth_gb_s, peak_bandwidth_gb_s
 

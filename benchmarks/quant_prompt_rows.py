@@ -1,11 +1,12 @@
 """Prompt rows of quantised CPU weights: one SmolLM2 layer's four matmuls (qkv, o, gate_up,
-down), summed, at several row counts, through the weight-only kernel and through the prompt
-forms (dequantise to bf16, then GEMM in 64-row tiles: backend_engine/quant/cpu_gemm.py; integer
-sums of int8 weights, int4 ones requantised per call, and activations as two int8 digits:
-backend_engine/quant/cpu_int8_gemm.py; int4 also Inductor's GEMM template, compiled per weight:
-backend_engine/quant/cpu_template.py), with bf16's F.linear beside them. Random weights of the real shapes (the work does not depend on the
-values); the best of several passes, interleaved. Ends with one line of JSON: each prompt
-form's speed-up over the kernel per format and row count."""
+down), summed, at several row counts, through every form the plan (backend_engine/accel/plan.py)
+may give them — `kernel` (torch's weight-only kernels), `tiles` (dequantise to bf16, then GEMMs
+over 64-row tiles), `int8_sums` (int8 weights, int4 ones requantised per call, times the
+activations as two int8 digits), int4's `template` (Inductor's GEMM template, where it builds) —
+with bf16's and fp32's F.linear beside them. Random weights of the real shapes (the work does
+not depend on the values); the best of several passes, interleaved. The measurements behind the
+plan's prompt column; ends with one line of JSON: each prompt form's speed-up over the kernel
+per format and row count."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from backend_engine.quant import cpu, cpu_gemm, cpu_int8_gemm, cpu_template
+from backend_engine.accel.cpu import int8_sums, template, tiles
+from backend_engine.accel.cpu import kernels as cpu
 from backend_engine.quant.formats import quantize_int4, quantize_int8
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: qkv, o, gate_up, down
@@ -41,17 +43,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     fp = [torch.randn(n, k) * 0.02 for n, k in SHAPES]
-    weights = {"bf16": [w.to(torch.bfloat16) for w in fp],
+    weights = {"fp32": fp, "bf16": [w.to(torch.bfloat16) for w in fp],
                "int8": [cpu.prepare_int8(quantize_int8(w)) for w in fp],
                "int4": [cpu.prepare_int4(quantize_int4(w, 32, "w")) for w in fp]}
-    forms = {"bf16 F.linear": ("bf16", F.linear),
-             "int8 kernel": ("int8", cpu._int8_mm),
-             "int8 dequant+GEMM": ("int8", cpu_gemm.int8_gemm),
-             "int8 integers": ("int8", cpu_int8_gemm.int8_int8),
-             "int4 kernel": ("int4", cpu._int4_mm),
-             "int4 dequant+GEMM": ("int4", cpu_gemm.int4_gemm),
-             "int4 integers": ("int4", cpu_int8_gemm.int4_int8)}
-    templates = {id(w): cpu_template.compile_for(w) for w in weights["int4"]}
+    forms = {"fp32 F.linear": ("fp32", F.linear), "bf16 F.linear": ("bf16", F.linear),
+             "int8 kernel": ("int8", cpu.int8_mm),
+             "int8 tiles": ("int8", tiles.int8_tiles),
+             "int8 int8_sums": ("int8", int8_sums.int8_weight_sums),
+             "int4 kernel": ("int4", cpu.int4_mm)}
+    if tiles.int4_layout_checked():
+        forms["int4 tiles"] = ("int4", tiles.int4_tiles)
+        forms["int4 int8_sums"] = ("int4", int8_sums.int4_weight_sums)
+    templates = {id(w): template.compile_for(w) for w in weights["int4"]}
     if all(templates.values()):  # None where Inductor cannot build it here
         forms["int4 template"] = ("int4", lambda x, w: templates[id(w)](x))
     table: dict[str, dict[int, float]] = {name: {} for name in forms}
@@ -60,13 +63,14 @@ def main() -> None:
             xs = [torch.randn(rows, k, dtype=torch.bfloat16) for _, k in SHAPES]
             for name, (kind, form) in forms.items():
                 layer = weights[kind]
+                xs = [x.to(torch.float32 if kind == "fp32" else torch.bfloat16) for x in xs]
                 table[name][rows] = _best_us(
                     lambda: [form(x, w) for x, w in zip(xs, layer)], args.repeats)
     print(f"one layer's four matmuls, µs ({args.threads} threads)")
     print(f"{'rows':>6} " + " ".join(f"{name:>18}" for name in forms))
     for rows in ROWS:
         print(f"{rows:>6} " + " ".join(f"{table[name][rows]:>18.0f}" for name in forms))
-    suffix = {"dequant+GEMM": "gemm", "template": "template", "integers": "int8"}
+    suffix = {"tiles": "tiles", "template": "template", "int8_sums": "int8_sums"}
     speedup = {f"{name.split()[0]}_{suffix[name.split()[1]]}_rows{rows}_vs_kernel":
                round(table[f"{name.split()[0]} kernel"][rows] / table[name][rows], 2)
                for name in forms if name.split()[1] in suffix for rows in ROWS}

@@ -30,7 +30,7 @@ import torch
 from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
 from backend_engine.llm import LLM
 from backend_engine.model_loader import resolve_model
-from backend_engine.quant import cpu_template
+from backend_engine.accel.cpu import template as cpu_template
 from backend_engine.sampling_params import SamplingParams
 
 TEXT = Path(__file__).resolve().parent.parent / "tests/backend_engine/quant/data/evaluation_text.txt"
@@ -40,20 +40,22 @@ NUM_PROMPTS, PROMPT_TOKENS, NEW_TOKENS = 32, 24, 64
 
 def formats() -> dict[str, dict]:
     fp = str(resolve_model("default").folder)  # the dequantised fp32 checkpoint
-    return {"fp32": dict(model="default"),
-            "bf16": dict(model="default", dtype="bfloat16"),
+    return {"fp32": dict(model="default", quantization="none"),
+            "bf16": dict(model="default", quantization="none", dtype="bfloat16"),
             "int8": dict(model=fp, quantization="int8"),
             "int4": dict(model=fp, quantization="int4", quantization_group_size=32),
             "int4-g64": dict(model=fp, quantization="int4", quantization_group_size=64),
-            "int4-lm4": dict(model=fp, quantization="int4", lm_head_quantization="int4"),
-            "int8-lm8": dict(model=fp, quantization="int8", lm_head_quantization="int8"),
-            "int4-lm8": dict(model=fp, quantization="int4", lm_head_quantization="int8"),
+            "int4-lm4": dict(model=fp, quantization="int4", engine_options={"lm_head": "int4"}),
+            "int8-lm8": dict(model=fp, quantization="int8", engine_options={"lm_head": "int8"}),
+            "int4-lm8": dict(model=fp, quantization="int4", engine_options={"lm_head": "int8"}),
             "gguf-int4": dict(model="default", quantization="int4")}
 
 
-def _forward_logprobs(model, ids: list[int], score_from: int = 1) -> torch.Tensor:
+def _forward_logprobs(runner, ids: list[int], score_from: int = 1) -> torch.Tensor:
     """Log-probabilities [len(ids), vocab] of each next token, the text fed in chunks of CHUNK
-    tokens over a paged cache (one block per 16 tokens)."""
+    tokens over a paged cache (one block per 16 tokens), through the runner's planned forward
+    pass (every row a prompt row, in the plan's prompt form)."""
+    model, forward = runner.model, runner.forward_pass
     n, block = len(ids), 16
     shape = (-(-n // block), block, model.num_kv_heads, model.head_dim)
     dtype = model.embed.dtype
@@ -65,13 +67,13 @@ def _forward_logprobs(model, ids: list[int], score_from: int = 1) -> torch.Tenso
         slots = torch.arange(start, end)
         meta = AttentionMetadata(slot_mapping=slots, prefills=[
             PrefillChunk(0, end - start, end, torch.arange(-(-end // block)))])
-        hidden = model.forward(torch.tensor(ids[start:end]), slots, caches, meta)
-        out.append(torch.log_softmax(model.compute_logits(hidden), dim=-1))
+        hidden = forward(torch.tensor(ids[start:end]), slots, caches, meta)
+        out.append(torch.log_softmax(forward.compute_logits(hidden), dim=-1))
     return torch.cat(out)
 
 
-def perplexity(model, ids: list[int]) -> float:
-    logprobs = _forward_logprobs(model, ids)
+def perplexity(runner, ids: list[int]) -> float:
+    logprobs = _forward_logprobs(runner, ids)
     nll = -logprobs[:-1].gather(1, torch.tensor(ids[1:]).unsqueeze(1)).mean()
     return math.exp(float(nll))
 
@@ -82,11 +84,11 @@ def prompts(ids: list[int]) -> list[list[int]]:
     return [ids[i * step: i * step + PROMPT_TOKENS] for i in range(NUM_PROMPTS)]
 
 
-def teacher_forced_agreement(model, prompt_list, reference) -> float:
+def teacher_forced_agreement(runner, prompt_list, reference) -> float:
     hits = total = 0
     for prompt, ref in zip(prompt_list, reference):
         seq = prompt + ref
-        picks = _forward_logprobs(model, seq)[len(prompt) - 1: len(seq) - 1].argmax(-1)
+        picks = _forward_logprobs(runner, seq)[len(prompt) - 1: len(seq) - 1].argmax(-1)
         hits += int((picks == torch.tensor(ref)).sum())
         total += len(ref)
     return hits / total
@@ -103,25 +105,26 @@ def prefix_agreement(outputs, reference) -> float:
 def evaluate(name: str, spec: dict, ids: list[int], prompt_list, reference) -> dict:
     start = time.perf_counter()
     llm = LLM(num_kv_blocks=512, **spec)
-    model = llm.engine.runner.model
+    runner = llm.engine.runner
     with torch.inference_mode():
-        ppl = perplexity(model, ids)
+        ppl = perplexity(runner, ids)
         params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
         outputs = [o.outputs[0].token_ids for o in llm.generate(prompt_list, params)]
         row = {"format": name, "ppl": ppl}
         if reference is not None:
-            row["agreement"] = teacher_forced_agreement(model, prompt_list, reference)
+            row["agreement"] = teacher_forced_agreement(runner, prompt_list, reference)
             row["prefix"] = prefix_agreement(outputs, reference)
-    row["weight_mb"] = weight_bytes(model) / 1e6
+    row["weight_mb"] = weight_bytes(runner) / 1e6
     row["seconds"] = time.perf_counter() - start
-    del llm, model
+    del llm, runner
     gc.collect()
     return row, outputs
 
 
-def weight_bytes(model) -> int:
+def weight_bytes(runner) -> int:
     """Bytes of every weight the model holds (embeddings, norms, linear layers, lm_head), with
-    the copies GEMM templates hold (int4 prompt rows; a frozen decode step's weights)."""
+    the copies GEMM templates hold (int4 prompt rows; the int8 template decode step's)."""
+    model, step = runner.model, runner.forward_pass.decode_step
     seen: dict[int, int] = {}
 
     def add(w) -> None:
@@ -134,8 +137,7 @@ def weight_bytes(model) -> int:
         for name in ("qkv_weight", "qkv_bias", "o_weight", "gate_up_weight", "down_weight",
                      "input_norm", "post_attn_norm"):
             add(getattr(layer, name))
-    frozen = model.decode_graph.extra_bytes if model.decode_graph is not None else 0
-    return sum(seen.values()) + frozen
+    return sum(seen.values()) + (step.extra_bytes if step is not None else 0)
 
 
 def main() -> None:

@@ -36,11 +36,14 @@ import httpx
 from benchmarks.quant_quality import TEXT, weight_bytes
 from benchmarks.serve_bench_client import open_stream
 
-FORMATS = {"fp32": dict(dtype="float32"), "bf16": dict(dtype="bfloat16"),
+FORMATS = {"fp32": dict(dtype="float32", quantization="none"),
+           "bf16": dict(dtype="bfloat16", quantization="none"),
            "int8": dict(dtype="bfloat16", quantization="int8"),
            "int4": dict(dtype="bfloat16", quantization="int4"),
-           "int4-lm8": dict(dtype="bfloat16", quantization="int4", lm_head_quantization="int8"),
-           "int4-lm4": dict(dtype="bfloat16", quantization="int4", lm_head_quantization="int4")}
+           "int4-lm8": dict(dtype="bfloat16", quantization="int4",
+                            engine_options={"lm_head": "int8"}),
+           "int4-lm4": dict(dtype="bfloat16", quantization="int4",
+                            engine_options={"lm_head": "int4"})}
 PROMPT_TOKENS, LONG_PROMPT_TOKENS = 110, 1000
 
 
@@ -126,13 +129,13 @@ def kvgate_replica(name: str, flags: dict, args, stack: ExitStack, say) -> tuple
     from kvgate.launcher.config import UpConfig
 
     llm = LLM("default", num_kv_blocks=16, **flags)  # in-process, only to count weight bytes
-    mb = weight_bytes(llm.engine.runner.model) / 1e6
+    mb = weight_bytes(llm.engine.runner) / 1e6
     del llm
     gc.collect()
     # no admission bound: a shared, loaded machine must slow the run down, not refuse it
     engine = {"dtype": flags["dtype"], "max_num_seqs": 32, "num_kv_blocks": 2048,
               "max_queue_delay_s": 3600,
-              **{k: v for k, v in flags.items() if k == "lm_head_quantization"}}
+              **{k: v for k, v in flags.items() if k == "engine_options"}}
     # each server has the cores to itself: kvgate's workers spin as long as llama-server's
     os.environ["GOMP_SPINCOUNT"] = str(args.omp_spin_count)
     config = UpConfig(model="default", replicas=1, gateways=0, num_threads=args.threads,

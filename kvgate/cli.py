@@ -55,42 +55,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "checkpoint's own, else none)")
     p.add_argument("--quantization-group-size", type=int, default=32, choices=[32, 64, 128],
                    help="int4 at load: input features per scale and min")
-    p.add_argument("--lm-head-quantization", default="w8a8", choices=["w8a8", "int8", "int4"],
-                   help="a quantised model's lm_head: w8a8 (int8 per channel times int8 "
-                        "activations per row, as llama.cpp computes its Q8_0 output; CPU), int8 "
-                        "weight-only, or int4 in groups (half the bytes; SmolLM2 perplexity "
-                        "x1.063)")
-    p.add_argument("--quantized-prefill", default="auto",
-                   choices=["auto", "dequant", "template", "int8", "kernel"],
-                   help="a quantised model's prompt tokens on CPU: dequant (weights dequantised "
-                        "to bf16 per call, then a GEMM in fixed 64-row tiles, so chunking changes "
-                        "no bit), template (int4: Inductor's weight-only GEMM template, AMX where "
-                        "the CPU has it, compiled per weight at start-up), int8 (int8 weights, "
-                        "int4 ones requantised per call, times activations as two int8 digits, "
-                        "summed exactly in integers: VNNI/AMX), kernel (the "
-                        "weight-only kernel generated tokens use), auto (the fastest measured at "
-                        "start-up)")
-    p.add_argument("--quantized-decode", default="auto",
-                   choices=["auto", "kernel", "template", "int8"],
-                   help="a quantised model's decode rows on CPU: template (weights frozen into "
-                        "the compiled decode step, each matmul Inductor's GEMM template, AMX "
-                        "where the CPU has it; minutes to compile the first time), kernel "
-                        "(torch's weight-only kernels), int8 (int8 weights: every row in "
-                        "integers, activations as two int8 digits: faster at uniform batches, "
-                        "slower under mixed contexts), auto (int8 weights: the template on "
-                        "CPUs with AMX, else the kernel)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
-                   help="auto: Triton kernels on CUDA, torch elsewhere")
-    p.add_argument("--compile-attention", default="auto", choices=["auto", "on", "off"],
-                   help="torch decode attention compiled by torch.compile, reading K/V in place "
-                        "(auto: on CPU for real models; compiles once at start-up)")
-    p.add_argument("--compile-layers", default="auto", choices=["auto", "on", "off"],
-                   help="each layer's norms, rotary, SiLU and residuals fused by torch.compile "
-                        "around the matmuls, and decode rows run as one compiled graph "
-                        "(auto: on CPU for real models, quantised or 16-bit)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="processes (one per device: gloo on CPU, NCCL on CUDA) one replica spans")
     spec = p.add_argument_group("speculative decoding")
@@ -118,6 +85,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="how tool calls are read from (and forced into) the model's output; auto: by its tokenizer")
     p.add_argument("--drain-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
     p.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (413 beyond)")
+    p.add_argument("--enforce-eager", action="store_true", help="compile nothing (start-up in seconds)")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a developer override of the execution plan (backend_engine/accel/plan.py)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -139,9 +109,6 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         dtype=resolve_dtype(args.dtype, args.device),
         quantization=args.quantization,
         quantization_group_size=args.quantization_group_size,
-        lm_head_quantization=args.lm_head_quantization,
-        quantized_prefill=args.quantized_prefill,
-        quantized_decode=args.quantized_decode,
         device=args.device,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
@@ -155,8 +122,6 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         scheduling_policy=args.scheduling_policy,
         seed=args.seed,
         num_threads=args.num_threads,
-        attention_backend=args.attention_backend, compile_attention=args.compile_attention,
-        compile_layers=args.compile_layers,
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens,
         ngram_min=args.ngram_min,
@@ -172,6 +137,8 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
         kv_transfer_port=args.kv_transfer_port,
         kv_transfer_address=args.kv_transfer_address,
         kv_transfer_timeout_s=args.kv_transfer_timeout,
+        enforce_eager=args.enforce_eager,
+        engine_options=dict(o.split("=", 1) for o in args.engine_option),
     )
     if args.kv_cache_memory is not None:
         config.kv_cache_memory_gb = args.kv_cache_memory

@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 def default_llm():
     from backend_engine.llm import LLM
 
-    return LLM("default", num_kv_blocks=512)
+    return LLM("default", enforce_eager=True, quantization="none", num_kv_blocks=512)
 
 
 @pytest.fixture(scope="session", params=[None, "int8"], ids=["fp32", "int8"])
@@ -25,7 +25,7 @@ def quantization(request):
 def tiny_llm(quantization):
     from backend_engine.llm import LLM
 
-    return LLM("tiny-random", num_kv_blocks=256, max_num_batched_tokens=256,
+    return LLM("tiny-random", enforce_eager=True, num_kv_blocks=256, max_num_batched_tokens=256,
                quantization=quantization)
 
 

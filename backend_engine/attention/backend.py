@@ -1,15 +1,13 @@
-"""One attention interface; the torch implementation runs everywhere, Triton on CUDA."""
+"""One attention interface; the torch implementation runs everywhere (the reference), Triton on
+CUDA (accel/cuda/attention.py)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
 import torch
 
 from backend_engine.attention.metadata import AttentionMetadata
-
-log = logging.getLogger("kvgate.engine")
 
 
 class AttentionBackend(Protocol):
@@ -30,29 +28,18 @@ class AttentionBackendUnavailableError(RuntimeError):
     """The requested backend cannot run here (e.g. triton is not installed)."""
 
 
-def _triton_backend(device: str) -> AttentionBackend:
-    try:
-        from backend_engine.attention.triton_backend import TritonAttention
-    except ImportError as exc:
-        raise AttentionBackendUnavailableError(
-            "attention backend 'triton' needs the triton package: pip install 'kvgate[gpu]' "
-            f"({exc})") from exc
-    return TritonAttention(device)
-
-
-def get_attention_backend(name: str = "auto", device: str = "cpu") -> AttentionBackend:
-    """"torch", "triton", or "auto": triton on CUDA when it imports, torch otherwise."""
-    if name == "auto":
-        if device.startswith("cuda"):
-            try:
-                return _triton_backend(device)
-            except AttentionBackendUnavailableError as exc:
-                log.warning("falling back to torch attention on %s: %s", device, exc)
-        name = "torch"
+def get_attention_backend(name: str, device: str = "cpu") -> AttentionBackend:
+    """"torch" (any device; the reference) or "triton" (CUDA), as the plan names it."""
     if name == "torch":
         from backend_engine.attention.torch_backend import TorchAttention
 
         return TorchAttention()
     if name == "triton":
-        return _triton_backend(device)
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or triton")
+        try:
+            from backend_engine.accel.cuda.attention import TritonAttention
+        except ImportError as exc:
+            raise AttentionBackendUnavailableError(
+                "the triton attention backend needs the triton package: pip install "
+                f"'kvgate[gpu]', or --engine-option attention=torch ({exc})") from exc
+        return TritonAttention(device)
+    raise ValueError(f"unknown attention backend {name!r}; choose torch or triton")

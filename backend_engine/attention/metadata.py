@@ -21,7 +21,7 @@ class PrefillChunk:
     block_table: torch.Tensor  # [ceil(context_len / block_size)] the context's blocks, in order
     prompt_rows: int | None = None  # leading rows that are prompt tokens but the prompt's last
     #   (the rest: the last prompt token, generated tokens recomputed, or a decode row and its
-    #   drafts), for LlamaModel.prompt_gemm; None: all of them
+    #   drafts), which may take a form of their own (accel/forward.py); None: all of them
 
 
 @dataclass(slots=True)

@@ -4,10 +4,9 @@ Decode reads each sequence's blocks through its block table. Sequences are group
 length once per step (decode_groups.py), so a group is gathered block by block into one batched
 matmul with little padding, instead of every sequence being padded to the longest context of
 the step; a group's gathered K/V is small (a few MB), so it is still in cache when the two
-matmuls read it (measured: 3 MB groups run ~10x faster per byte than 25 MB ones on a 2-core
-EPYC). Where the decode K/V are large enough to matter (real models on CPU), a compiled
-kernel reads them in place instead (compiled_decode.py), on groups with more padding allowed
-and no size cap. A prefill chunk gathers its context's blocks (one index_select) and runs SDPA.
+matmuls read it (small groups ran several times faster per byte than large ones). The compiled
+decode step (accel/decode_step.py) reads decode K/V in place instead, where the plan compiles.
+A prefill chunk gathers its context's blocks (one index_select) and runs SDPA.
 """
 
 from __future__ import annotations
@@ -17,17 +16,14 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from backend_engine.attention.compiled_decode import CompiledDecode
 from backend_engine.attention.decode_groups import DecodeGroup, decode_groups
 from backend_engine.attention.metadata import AttentionMetadata
-
-COMPILED_MAX_PADDING = 0.5  # the compiled kernel's padding costs flops, not copies
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write each token's K/V [T, KVH, D] into its slot of the paged caches [N, bs, KVH, D]
-    (also traced into the compiled decode step, models/decode_graph.py)."""
+    (also traced into the compiled decode step, accel/decode_step.py)."""
     kv_heads, head_dim = k_cache.shape[-2:]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, key)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, value)
@@ -36,18 +32,6 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 class TorchAttention:
     name = "torch"
 
-    def __init__(self) -> None:
-        self.compiled: CompiledDecode | None = None
-
-    def use_compiled_decode(self, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int,
-                            scale: float) -> bool:
-        """Compile the paged decode kernel now (start-up); False, and eager decode, if it
-        cannot be compiled here."""
-        compiled = CompiledDecode()
-        if compiled.warm_up(k_cache, v_cache, heads, scale):
-            self.compiled = compiled
-        return self.compiled is not None
-
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         store_kv(key, value, k_cache, v_cache, slot_mapping)
 
@@ -55,9 +39,6 @@ class TorchAttention:
         # dense, whatever the strides of query (a view into the qkv projection)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         nd = meta.num_decode_tokens
-        if nd and self.compiled is not None and self._compiled_decode(query, k_cache, v_cache,
-                                                                      meta, scale, out):
-            nd = 0  # done
         if nd:
             groups = meta.scratch.get("decode_groups")
             if groups is None:  # once per step, shared by every layer
@@ -73,27 +54,6 @@ class TorchAttention:
             v = _gather(v_cache, chunk.block_table, chunk.context_len)
             out[rows] = self._prefill(query[rows], k, v, scale)
         return out
-
-    def _compiled_decode(self, query, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-                         out) -> bool:
-        nd = meta.num_decode_tokens
-        groups = meta.scratch.get("compiled_decode_groups")
-        if groups is None:  # once per step, shared by every layer
-            groups = meta.scratch["compiled_decode_groups"] = decode_groups(
-                meta.decode_block_tables, meta.decode_context_lens, k_cache.shape[1], 1,
-                query.device, query.dtype, max_padding=COMPILED_MAX_PADDING,
-                max_group_bytes=1 << 62, bias=False)
-        for group in groups:
-            q = query[:nd] if group.rows is None else query.index_select(0, group.rows)
-            o = self.compiled(q, k_cache, v_cache, group.block_tables, group.context_lens, scale)
-            if o is None:  # it failed to compile: eager from now on
-                self.compiled = None
-                return False
-            if group.rows is None:
-                out[:nd].copy_(o)
-            else:
-                out[:nd].index_copy_(0, group.rows, o)
-        return True
 
     @staticmethod
     def _decode(query, k_cache, v_cache, group: DecodeGroup, scale: float, out) -> None:

@@ -45,6 +45,23 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
+def stored_format(path: Path) -> tuple[str | None, str]:
+    """The format a GGUF's linear weights are served in when no --quantization is given: the
+    nearest to what the file stores (int4 where any layer weight is a 4-bit type, int8 where
+    they are 8- or 6-bit, None for float files), and the GGML types seen, for the log."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    kinds = {t.tensor_type.name for t in reader.tensors
+             if (name := hf_name(t.name)) is not None and not _EMBEDDING_OR_NORM.search(name)
+             and t.data.ndim > 1}
+    if kinds & set(INT4_TYPES):
+        return "int4", ", ".join(sorted(kinds))
+    if kinds & set(DEQUANTIZED_TYPES):
+        return "int8", ", ".join(sorted(kinds))
+    return None, ", ".join(sorted(kinds))
+
+
 def load_gguf_weights(path: Path, target: str, num_heads: int,
                       num_kv_heads: int) -> dict[str, LinearWeight]:
     """target: "int4" or "int8". Checks every tensor's type before decoding any."""

@@ -6,3 +6,20 @@ def assert_no_leaks(engine) -> None:
     assert not engine.has_unfinished_requests()
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
     assert all(b.ref_cnt == 0 for b in engine.pool.blocks)
+
+
+def assert_answers_close(fast, reference, tolerance: float) -> None:
+    """Two paths give the same greedy tokens and logprobs within `tolerance`, except where the
+    two tokens were a near-tie: at a sequence's first differing token, each path's token must
+    be within `tolerance` of the other's in both paths' top logprobs (vLLM's
+    check_logprobs_close, tightened); the sequences are compared no further after it."""
+    for a, b in zip(fast, reference):
+        for x, y in zip(a.logprobs, b.logprobs):
+            if x.token_id == y.token_id:
+                assert abs(x.logprob - y.logprob) < tolerance, (x, y)
+                continue
+            top_a, top_b = ({i: lp for i, _, lp in t.top} for t in (x, y))
+            assert y.token_id in top_a and x.token_id in top_b, (x, y)
+            assert x.logprob - top_a[y.token_id] < tolerance, (x, y)
+            assert y.logprob - top_b[x.token_id] < tolerance, (x, y)
+            break

@@ -18,7 +18,7 @@ LONG = SamplingParams(temperature=0, max_tokens=1900, ignore_eos=True)  # busy f
 
 
 def _config(**kw) -> EngineConfig:
-    return EngineConfig(model="tiny-random", num_kv_blocks=256, max_model_len=2048,
+    return EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=256, max_model_len=2048,
                         target_itl_ms=50, **kw)
 
 

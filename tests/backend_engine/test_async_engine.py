@@ -13,7 +13,7 @@ from routing.hashing import block_hashes, namespace_for
 
 @pytest.fixture(scope="module")
 def engine(quantization):
-    return AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=128,
+    return AsyncLLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=128,
                                        max_num_batched_tokens=64, quantization=quantization))
 
 
@@ -81,7 +81,7 @@ async def test_kv_events_report_the_prompt_blocks_with_canonical_hashes(engine):
 
 
 async def test_full_waiting_queue_is_refused():
-    engine = AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=64, max_waiting=0))
+    engine = AsyncLLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=64, max_waiting=0))
     with pytest.raises(EngineOverloadedError):
         await _collect(engine, "x", [1, 2, 3], SamplingParams(max_tokens=1))
     await engine.shutdown()
@@ -107,7 +107,7 @@ async def test_the_engine_thread_builds_the_engine_and_runs_its_steps(monkeypatc
 
     monkeypatch.setattr(engine_module.LLMEngine, "__init__", init)
     monkeypatch.setattr(engine_module.LLMEngine, "step", step)
-    built = AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=32))
+    built = AsyncLLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=32))
     assert not built.is_running  # built, but no step loop before start()
     await built.start()
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -124,12 +124,12 @@ async def test_a_model_that_fails_to_load_raises_on_the_caller():
 
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(ModelLoadError):
-        AsyncLLMEngine(EngineConfig(model="/nonexistent/model/folder"))
+        AsyncLLMEngine(EngineConfig(enforce_eager=True, model="/nonexistent/model/folder"))
     assert "kvgate-engine" not in {t.name for t in threading.enumerate()} - before
 
 
 async def test_a_never_started_engine_shuts_down():
-    built = AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=16))
+    built = AsyncLLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=16))
     thread = built._thread
     await built.shutdown()
     assert not thread.is_alive()

@@ -63,18 +63,18 @@ def test_a_bad_request_in_a_batch_adds_none_of_the_batch(tiny_llm):
 @pytest.mark.parametrize("spec", ["/nonexistent/model", "tiny-random-gpt9"])
 def test_unknown_model_is_a_clear_error(spec):
     with pytest.raises(ModelLoadError):
-        LLM(spec)
+        LLM(spec, enforce_eager=True)
 
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2"]}')
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ModelLoadError, match="unsupported architecture"):
-        LLM(str(tmp_path))
+        LLM(str(tmp_path), enforce_eager=True)
 
 
 def test_request_that_outgrows_a_tiny_pool_finishes_with_length(quantization):
-    llm = LLM("tiny-random", num_kv_blocks=4, block_size=16,  # 64 tokens of KV in all
+    llm = LLM("tiny-random", enforce_eager=True, num_kv_blocks=4, block_size=16,  # 64 tokens of KV in all
               quantization=quantization)
     out = llm.generate([[7] * 40], SamplingParams(temperature=0, max_tokens=100,
                                                   ignore_eos=True))

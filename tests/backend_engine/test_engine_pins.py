@@ -12,7 +12,7 @@ PREFIX = list(range(300, 364))  # 64 tokens: 4 full blocks of 16
 
 
 def _engine(quantization: str | None, policy: str = "kvgate") -> AsyncLLMEngine:
-    return AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=48,
+    return AsyncLLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=48,
                                        quantization=quantization,
                                        max_num_batched_tokens=128, eviction_policy=policy,
                                        max_pinned_fraction=0.25))

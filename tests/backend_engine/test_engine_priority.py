@@ -50,7 +50,7 @@ def test_priority_preemption_changes_no_greedy_token(reference, quantization, re
         request.applymarker(pytest.mark.xfail(reason="bf16 activation rounding amplifies "
                                                      "prefill/decode attention differences"))
     # 12 blocks of 16 tokens cannot hold six 64-token batch sequences: the chats preempt them
-    llm = LLM("tiny-random", num_kv_blocks=12, max_num_seqs=4, max_num_batched_tokens=64,
+    llm = LLM("tiny-random", enforce_eager=True, num_kv_blocks=12, max_num_seqs=4, max_num_batched_tokens=64,
               quantization=quantization)
     arrivals = [(0, f"batch-{i}", p, 5) for i, p in enumerate(BATCH)]
     arrivals += [(6, f"chat-{i}", p, 0) for i, p in enumerate(CHAT)]
@@ -62,13 +62,13 @@ def test_priority_preemption_changes_no_greedy_token(reference, quantization, re
 
 
 def test_urgent_requests_overtake_queued_batch_work():
-    llm = LLM("tiny-random", num_kv_blocks=64, max_num_seqs=2, max_num_batched_tokens=64)
+    llm = LLM("tiny-random", enforce_eager=True, num_kv_blocks=64, max_num_seqs=2, max_num_batched_tokens=64)
     arrivals = [(0, f"batch-{i}", p, 5) for i, p in enumerate(BATCH)]
     arrivals += [(3, "chat-0", CHAT[0], 0)]
     _, finished = _run(llm, arrivals)
     assert finished.index("chat-0") <= 1  # before every batch request but one running beside it
 
-    fcfs = LLM("tiny-random", num_kv_blocks=64, max_num_seqs=2, max_num_batched_tokens=64,
+    fcfs = LLM("tiny-random", enforce_eager=True, num_kv_blocks=64, max_num_seqs=2, max_num_batched_tokens=64,
                scheduling_policy="fcfs")
     _, finished = _run(fcfs, arrivals)
     assert finished[-1] == "chat-0"  # under FCFS it waits for the whole flood
@@ -93,7 +93,7 @@ def test_a_non_integer_priority_is_refused_and_adds_nothing(tiny_llm, bad):
 
 
 def test_engine_load_reports_work_by_priority():
-    llm = LLM("tiny-random", num_kv_blocks=64, max_num_seqs=2)
+    llm = LLM("tiny-random", enforce_eager=True, num_kv_blocks=64, max_num_seqs=2)
     for i, prio in enumerate((5, 5, 0, 9)):
         llm.engine.add_request(f"r{i}", BATCH[i], GREEDY, priority=prio)
     llm.engine.step()
@@ -108,7 +108,7 @@ def test_engine_load_reports_work_by_priority():
 
 def test_async_engine_serves_by_priority():
     async def main():
-        engine = AsyncLLMEngine(EngineConfig(model="tiny-random", num_kv_blocks=64,
+        engine = AsyncLLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=64,
                                              max_num_seqs=1))
         await engine.start()
         order = []
@@ -146,9 +146,9 @@ def test_priority_with_speculative_decoding_changes_no_greedy_token(quantization
     # to a sequence holding drafts.)
     prompts = [[5, 6, 7, 8] * 10, [9, 10, 11] * 12, [12, 13] * 20]
     chats = [[5 + i, 6, 7, 8] * 3 for i in range(8)]
-    plain = LLM("tiny-random", num_kv_blocks=64, quantization=quantization)
+    plain = LLM("tiny-random", enforce_eager=True, num_kv_blocks=64, quantization=quantization)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts + chats, GREEDY)]
-    llm = LLM("tiny-random", num_kv_blocks=10, max_num_seqs=4, max_num_batched_tokens=16,
+    llm = LLM("tiny-random", enforce_eager=True, num_kv_blocks=10, max_num_seqs=4, max_num_batched_tokens=16,
               quantization=quantization,
               speculative_method="ngram", num_speculative_tokens=3, speculative_max_batch=8)
     arrivals = [(0, f"batch-{i}", p, 5) for i, p in enumerate(prompts)]

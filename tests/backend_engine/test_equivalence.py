@@ -1,6 +1,6 @@
 """The same greedy tokens whatever the batching, chunking, caching or memory pressure: the
-default model unquantised, and the tiny model with int8 and int4 weights (prompt tokens in
-dequantise-then-GEMM tiles, generated tokens through the weight-only kernels)."""
+default model unquantised, and the tiny model with int8 and int4 weights (prompt tokens in a
+prompt form of their own, `tiles`, generated tokens through the weight-only kernels)."""
 
 import pytest
 
@@ -14,7 +14,7 @@ PROMPTS = [SYSTEM + q for q in ("What is 2+2?", "Name a colour.", "Spell 'cat'."
 PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
-# quantised: prompt tokens through dequantise-then-GEMM tiles, generated ones through the kernel
+# quantised: prompt tokens through the tiles, generated ones through the kernel
 CASES = [("default", None), ("tiny-random", "int8"), ("tiny-random", "int4")]
 
 
@@ -28,14 +28,14 @@ def base_llm(case, request):
     if case == ("default", None):
         return request.getfixturevalue("default_llm")
     llm = _llm(case, num_kv_blocks=512)
-    assert llm.engine.runner.model.prompt_gemm
+    assert llm.engine.runner.forward_pass.prompt_linear is not None  # a form of their own
     return llm
 
 
 def _llm(case, **kwargs):
     if case[1] is not None:
-        kwargs["quantized_prefill"] = "dequant"
-    return LLM(case[0], quantization=case[1], **kwargs)
+        kwargs["engine_options"] = {"prompt": "tiles"}
+    return LLM(case[0], enforce_eager=True, quantization=case[1], **kwargs)
 
 
 @pytest.fixture(scope="module")

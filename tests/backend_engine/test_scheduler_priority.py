@@ -16,7 +16,7 @@ B = 4  # block size
 
 
 def make_scheduler(num_blocks=64, max_num_seqs=8, budget=64, policy="priority") -> Scheduler:
-    config = EngineConfig(block_size=B, max_num_seqs=max_num_seqs,
+    config = EngineConfig(enforce_eager=True, block_size=B, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=budget, scheduling_policy=policy)
     return Scheduler(config, KVCacheManager(BlockPool(num_blocks, enable_caching=False), B))
 
@@ -231,4 +231,4 @@ def test_mixed_priorities_finish_without_livelock_or_leaks(seed):
 
 def test_unknown_scheduling_policy_is_refused():
     with pytest.raises(ValueError, match="scheduling_policy"):
-        EngineConfig(scheduling_policy="lifo").validate()
+        EngineConfig(enforce_eager=True, scheduling_policy="lifo").validate()

@@ -57,7 +57,7 @@ def test_rejection_sampling_preserves_the_target_distribution(with_draft_probs):
 
 def test_greedy_output_identical_with_ngram_speculation_in_mixed_batches(default_llm):
     reference = [o.outputs[0].token_ids for o in default_llm.generate(PROMPTS, GREEDY)]
-    spec = LLM("default", num_kv_blocks=256, speculative_method="ngram",
+    spec = LLM("default", enforce_eager=True, quantization="none", num_kv_blocks=256, speculative_method="ngram",
                num_speculative_tokens=4)
     outs = spec.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference
@@ -85,7 +85,7 @@ def test_sampled_tokens_keep_their_distribution_under_speculation(tiny_llm):
     prompt = [11, 12, 13, 14] * 6
     params = [SamplingParams(temperature=1.0, top_k=4, max_tokens=3, seed=s, ignore_eos=True)
               for s in range(600)]
-    spec = LLM("tiny-random", num_kv_blocks=512, speculative_method="ngram",
+    spec = LLM("tiny-random", enforce_eager=True, num_kv_blocks=512, speculative_method="ngram",
                quantization=tiny_llm.engine.config.quantization,
                num_speculative_tokens=2, speculative_max_batch=1000, max_num_seqs=128)
     plain = [tuple(o.outputs[0].token_ids[:2]) for o in tiny_llm.generate([prompt] * 600, params)]
@@ -97,7 +97,7 @@ def test_sampled_tokens_keep_their_distribution_under_speculation(tiny_llm):
 
 
 def test_rejections_and_aborts_leak_no_blocks(quantization):
-    llm = LLM("tiny-random", num_kv_blocks=96, speculative_method="ngram",
+    llm = LLM("tiny-random", enforce_eager=True, num_kv_blocks=96, speculative_method="ngram",
               num_speculative_tokens=5, block_size=16, speculative_max_batch=16,
               quantization=quantization)
     engine = llm.engine
@@ -121,7 +121,7 @@ def test_greedy_output_identical_with_a_draft_model(default_llm):
     reference = [o.outputs[0].token_ids for o in default_llm.generate(prompts, params)]
     # the target itself as draft (every draft accepted) and a tiny random draft (most rejected)
     for draft in ("default", "tiny-random"):
-        spec = LLM("default", num_kv_blocks=256, speculative_method="draft", draft_model=draft,
+        spec = LLM("default", enforce_eager=True, quantization="none", num_kv_blocks=256, speculative_method="draft", draft_model=draft,
                    num_speculative_tokens=3)
         assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == reference
         stats = spec.engine.spec.stats
@@ -154,7 +154,7 @@ def test_sampled_tokens_keep_their_distribution_with_a_different_draft_model(tin
     draft = _perturbed_copy("tiny-random", tmp_path / "draft", noise=0.01)  # ~40 % accepted
     params = [SamplingParams(temperature=1.0, top_k=4, max_tokens=3, seed=s, ignore_eos=True)
               for s in range(600)]
-    spec = LLM("tiny-random", num_kv_blocks=1024, speculative_method="draft",
+    spec = LLM("tiny-random", enforce_eager=True, num_kv_blocks=1024, speculative_method="draft",
                quantization=tiny_llm.engine.config.quantization,
                draft_model=draft, num_speculative_tokens=2,
                speculative_max_batch=1000, max_num_seqs=128)
@@ -182,7 +182,7 @@ def test_draft_model_with_another_vocabulary_is_refused(tmp_path):
     (other / "config.json").write_text(json.dumps(config))
     (other / "model.safetensors").symlink_to(folder / "model.safetensors")
     with pytest.raises(ModelLoadError, match="vocabulary"):
-        LLM("tiny-random", speculative_method="draft", draft_model=str(other))
+        LLM("tiny-random", enforce_eager=True, speculative_method="draft", draft_model=str(other))
 
 
 def test_controller_backs_off_failing_sequences_and_probes_again():

@@ -75,7 +75,7 @@ def test_the_fixed_prefill_cost_is_paid_once_a_step_not_per_token():
 
 def _run(budget: StepBudget | None, prompts: list[int], max_tokens: int, max_steps: int = 5000,
          costs: tuple = TRUE):
-    config = EngineConfig(model="tiny-random", max_num_seqs=256, max_num_batched_tokens=2048)
+    config = EngineConfig(enforce_eager=True, model="tiny-random", max_num_seqs=256, max_num_batched_tokens=2048)
     pool = BlockPool(4096, enable_caching=False)
     scheduler = Scheduler(config, KVCacheManager(pool, 16), budget)
     params = SamplingParams(max_tokens=max_tokens)

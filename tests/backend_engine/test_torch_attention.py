@@ -7,7 +7,7 @@ import torch
 from backend_engine.attention import decode_groups as groups_module
 from backend_engine.attention.decode_groups import decode_groups
 from backend_engine.attention.torch_backend import TorchAttention
-from tests.backend_engine.kernels.paged_cases import (naive_attention, random_paged_batch,
+from tests.backend_engine.accel.cuda.paged_cases import (naive_attention, random_paged_batch,
                                                       step_metadata)
 
 MIXED = [1, 15, 16, 17, 300, 31, 33, 64, 1000, 65, 100, 999]
@@ -76,70 +76,22 @@ def test_an_unpadded_batch_in_order_is_one_group_without_mask():
     assert len(found) == 1 and found[0].rows is None and found[0].bias is None
 
 
-@pytest.fixture(scope="module")
-def compiled_attention():
-    """TorchAttention with the compiled decode kernel (compiled once for the module's shapes)."""
-    attention = TorchAttention()
-    cache = torch.zeros(64, 16, 3, 64)
-    assert attention.use_compiled_decode(cache, cache, 9, 0.125), "compiled decode failed here"
-    return attention
+class PagedDecode:
+    """The decode step's attention (accel/paged_decode.py, compiled inside the step: the
+    compiled step is checked against the eager layers in tests/backend_engine/accel/)."""
+    name = "paged_decode"
+
+    def forward(self, query, k_cache, v_cache, meta, scale):
+        from backend_engine.accel.paged_decode import paged_decode
+
+        nd = meta.num_decode_tokens
+        out = TorchAttention().forward(query, k_cache, v_cache, meta, scale)  # prefill rows
+        out[:nd] = paged_decode(query[:nd], k_cache, v_cache, meta.decode_block_tables,
+                                meta.decode_context_lens, scale)
+        return out
 
 
-@pytest.mark.parametrize("lens", [MIXED, [1], [5, 700], [16] * 16, [2000, 3, 16, 17] * 5])
-def test_compiled_decode_matches_the_written_out_attention(compiled_attention, lens):
-    # one row, one block: padded to two of each (no 0/1 specialisation); equal sizes (16 rows
-    # of 16 tokens in blocks of 16) would be unified by a duck-sized compile, never here
-    _check(lens, len(lens), [], attention=compiled_attention)
-    _check(lens + [40], len(lens), [9], attention=compiled_attention)  # with a prefill chunk
-    assert compiled_attention.compiled is not None
-
-
-def test_compiled_decode_in_bfloat16(compiled_attention):
-    attention = TorchAttention()
-    cache = torch.zeros(64, 16, 3, 64, dtype=torch.bfloat16)
-    assert attention.use_compiled_decode(cache, cache, 9, 0.125)
-    _check(MIXED, len(MIXED), [], dtype=torch.bfloat16, atol=3e-2, attention=attention)
-
-
-def test_compiled_decode_never_recompiles_across_batch_shapes(compiled_attention):
-    from torch._dynamo.utils import counters
-
-    _check([30, 9], 2, [], attention=compiled_attention)  # compiled for these shapes by now
-    before = sum(counters["stats"].values())
-    for lens in ([3, 900, 17], [64] * 40, [1], [16, 16], [200] * 7 + [5]):
-        _check(lens, len(lens), [], attention=compiled_attention)
-    assert sum(counters["stats"].values()) == before
-
-
-def test_a_kernel_that_cannot_compile_leaves_eager_decode(monkeypatch):
-    from backend_engine.attention import compiled_decode
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("no C++ compiler")
-
-    attention = TorchAttention()
-    cache = torch.zeros(8, 16, 3, 64)
-    monkeypatch.setattr(compiled_decode, "paged_decode", broken)
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
-    assert not attention.use_compiled_decode(cache, cache, 9, 0.125)
-    assert attention.compiled is None
-    _check(MIXED, len(MIXED), [], attention=attention)
-
-
-def test_an_engine_with_compiled_decode_answers_as_the_eager_one():
-    from backend_engine.llm import LLM
-    from backend_engine.sampling_params import SamplingParams
-
-    prompts = ["a long way " * 40, "short", "x y z " * 90]
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    from torch._dynamo.utils import counters
-
-    answers = []
-    for mode in ("off", "on"):
-        before = counters["stats"]["unique_graphs"]
-        llm = LLM("tiny-random", num_kv_blocks=128, compile_attention=mode)
-        assert (llm.engine.runner.attention.compiled is not None) == (mode == "on")
-        answers.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
-        # compiled once, at start-up: no step recompiles it
-        assert counters["stats"]["unique_graphs"] - before == (mode == "on")
-    assert answers[0] == answers[1]
+@pytest.mark.parametrize("lens", [MIXED, [1], [5, 700], [2000, 3, 16, 17] * 5])
+def test_the_decode_steps_attention_matches_the_written_out_attention(lens):
+    _check(lens, len(lens), [], attention=PagedDecode())
+    _check(lens + [40], len(lens), [9], attention=PagedDecode())  # beside a prefill chunk

@@ -168,7 +168,7 @@ def test_up_runs_a_tensor_parallel_replica_and_restarts_its_whole_group(tmp_path
     from backend_engine.sampling_params import SamplingParams
 
     threads = torch.get_num_threads()
-    expected = LLM("tiny-random", num_kv_blocks=64, num_threads=1).generate(
+    expected = LLM("tiny-random", enforce_eager=True, num_kv_blocks=64, num_threads=1).generate(
         [[1, 504, 3287, 282, 4052]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].outputs[0].text
     torch.set_num_threads(threads)
     port = free_port_run(2)

@@ -88,6 +88,7 @@ def replica(port: int | None = None, *extra: str) -> Proc:
     """A tiny-model replica; `extra`: more `kvgate engine` flags (e.g. --role decode)."""
     port = port or free_port()
     return Proc(["engine", "--model", MODEL, "--port", str(port), "--num-kv-blocks", "256",
+                 "--enforce-eager",  # tests of serving, not of the compiled plan
                  "--num-threads", "1", "--log-level", "warning",
                  "--dtype", "float32",  # outputs compared token for token across replicas
                  *extra], port, "/health", "replica")

@@ -68,7 +68,7 @@ def tensor_parallel():
         if model not in running:
             for name in list(running):
                 stop(running.pop(name))
-            running[model] = LLM(model, tensor_parallel_size=size, num_threads=1,
+            running[model] = LLM(model, enforce_eager=True, tensor_parallel_size=size, num_threads=1,
                                  **SETTINGS[model])
         return running[model]
     yield get
@@ -91,7 +91,7 @@ def prompt_logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
 
 def test_prompt_logits_of_two_ranks_match_one_rank(tensor_parallel):
     model = "tiny-random-qwen2"  # biases on q/k/v, an untied lm_head, one KV head for two ranks
-    expected = prompt_logits(LLM(model, num_threads=1, num_kv_blocks=64), PROMPTS[2])
+    expected = prompt_logits(LLM(model, enforce_eager=True, num_threads=1, num_kv_blocks=64), PROMPTS[2])
     got = prompt_logits(tensor_parallel(model), PROMPTS[2])
     assert got.shape == (len(PROMPTS[2]), VOCAB)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
@@ -99,7 +99,7 @@ def test_prompt_logits_of_two_ranks_match_one_rank(tensor_parallel):
 
 @pytest.mark.parametrize("model", [m for m in SETTINGS if m.startswith("tiny")])
 def test_two_ranks_generate_the_greedy_tokens_and_logprobs_of_one(model, tensor_parallel):
-    expected = generate(LLM(model, num_threads=1, num_kv_blocks=64))
+    expected = generate(LLM(model, enforce_eager=True, num_threads=1, num_kv_blocks=64))
     llm = tensor_parallel(model)
     got = generate(llm)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]

@@ -27,7 +27,7 @@ MAX_TOKENS = 12
 
 def tp_replica(*extra: str) -> Proc:
     port = free_port()
-    return Proc(["engine", "--model", "tiny-random", "--port", str(port), "--num-kv-blocks", "64",
+    return Proc(["engine", "--model", "tiny-random", "--enforce-eager", "--port", str(port), "--num-kv-blocks", "64",
                  "--num-threads", "1", "--tensor-parallel-size", "2", "--log-level", "info",
                  "--dtype", "float32", *extra],
                 port, "/health", "tp-replica")
@@ -58,7 +58,7 @@ def complete(url: str, **extra) -> httpx.Response:
 def one_rank():
     before = torch.get_num_threads()
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
-    out = LLM("tiny-random", num_kv_blocks=64, num_threads=1).generate([PROMPT], params)[0]
+    out = LLM("tiny-random", enforce_eager=True, num_kv_blocks=64, num_threads=1).generate([PROMPT], params)[0]
     torch.set_num_threads(before)
     return out.outputs[0]
 
@@ -133,7 +133,7 @@ def test_a_size_the_heads_do_not_allow_is_refused_at_start_up_saying_why():
 @pytest.mark.timeout(180)
 def test_workers_of_a_rank_0_killed_by_sigkill_exit_by_themselves():
     script = ("from backend_engine.llm import LLM\n"
-              "llm = LLM('tiny-random', num_kv_blocks=16, num_threads=1, tensor_parallel_size=2)\n"
+              "llm = LLM('tiny-random', enforce_eager=True, num_kv_blocks=16, num_threads=1, tensor_parallel_size=2)\n"
               "print('ready', flush=True)\n"
               "import time; time.sleep(300)\n")
     rank0 = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -20,7 +20,7 @@ NUM_BLOCKS = 128
 
 
 def config(role: str = "both", **overrides) -> EngineConfig:
-    return EngineConfig(model=MODEL, num_kv_blocks=NUM_BLOCKS, kv_role=role, num_threads=1,
+    return EngineConfig(enforce_eager=True, model=MODEL, num_kv_blocks=NUM_BLOCKS, kv_role=role, num_threads=1,
                         kv_transfer_timeout_s=1.0, **overrides)
 
 

@@ -4,6 +4,7 @@ checkpoint holds (compared with an fp checkpoint of those values), and bad ones 
 import pytest
 import torch
 
+from backend_engine.accel.plan import LM_HEAD, device_class
 from backend_engine.errors import ModelLoadError
 from backend_engine.llm import LLM
 from backend_engine.model_loader import load_state_dict
@@ -40,14 +41,15 @@ def test_unpacked_weights_equal_the_checkpoint_values(tmp_path, method, group_si
 @pytest.mark.parametrize("method,group_size,act_order", CASES)
 def test_engine_serves_the_checkpoint_like_its_fp_values(tmp_path, method, group_size, act_order):
     quantised, reference = write_checkpoints(tmp_path, method, group_size, act_order)
-    llm = LLM(str(quantised), num_kv_blocks=64)  # the method comes from quantization_config
-    fp = LLM(str(reference), num_kv_blocks=64)
+    llm = LLM(str(quantised), enforce_eager=True, num_kv_blocks=64)  # the method comes from quantization_config
+    fp = LLM(str(reference), enforce_eager=True, num_kv_blocks=64)
     assert isinstance(llm.engine.runner.model.layers[0].qkv_weight.perm, torch.Tensor) == act_order
     model, ref_model = llm.engine.runner.model, fp.engine.runner.model
     ids = torch.tensor(llm.tokenizer.encode("The quick brown fox jumps over the lazy dog"))
     logits = _prompt_logits(model, ids)
     ref = _prompt_logits(ref_model, ids)
-    assert model.lm_head.kind == "w8a8_cpu"  # AWQ/GPTQ store it unquantised: int8 per channel
+    # AWQ/GPTQ store it unquantised: int8 per channel, in the plan's lm_head form
+    assert model.lm_head.kind == f"{llm.engine.runner.forward_pass.plan.lm_head}_cpu"
     # bf16 activations in the int4 kernel and int8 ones in the lm_head: close, not bit-equal
     assert (logits - ref).abs().max() <= 0.05 * ref.abs().max()
     out = llm.generate(["Hello there"], SamplingParams(temperature=0, max_tokens=8))
@@ -70,26 +72,27 @@ def _prompt_logits(model, ids):
 def test_a_group_size_that_does_not_match_the_tensors_names_the_tensor(tmp_path):
     quantised, _ = write_checkpoints(tmp_path, "awq", 32, stated_group_size=64)
     with pytest.raises(ModelLoadError, match=r"model\.layers\.0\..*\.scales has shape .*groups of 64"):
-        LLM(str(quantised), quantization="awq", num_kv_blocks=16)
+        LLM(str(quantised), enforce_eager=True, quantization="awq", num_kv_blocks=16)
 
 
 def test_awq_flag_on_an_fp_checkpoint_names_the_flag(tmp_path):
     _, reference = write_checkpoints(tmp_path, "awq", 32)
     with pytest.raises(ModelLoadError, match=r"--quantization awq needs a checkpoint.*'awq'.*fp"):
-        LLM(str(reference), quantization="awq", num_kv_blocks=16)
+        LLM(str(reference), enforce_eager=True, quantization="awq", num_kv_blocks=16)
 
 
 def test_a_flag_that_contradicts_the_checkpoint_names_both(tmp_path):
     quantised, _ = write_checkpoints(tmp_path, "gptq", 32)
     with pytest.raises(ModelLoadError, match=r"--quantization int4 .* gptq-quantised"):
-        LLM(str(quantised), quantization="int4", num_kv_blocks=16)
+        LLM(str(quantised), enforce_eager=True, quantization="int4", num_kv_blocks=16)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-@pytest.mark.parametrize("lm_head", ["w8a8", "int8", "int4"])
+@pytest.mark.parametrize("lm_head", [f for f in ("w8a8", "int8", "int4")  # w8a8 needs VNNI
+                                     if f != "w8a8" or LM_HEAD[device_class("cpu")] == f])
 def test_a_quantised_lm_head_takes_the_asked_format(quantization, lm_head):
-    llm = LLM("tiny-random", quantization=quantization, lm_head_quantization=lm_head,
-              num_kv_blocks=16, compile_layers="off", compile_attention="off")
+    llm = LLM("tiny-random", enforce_eager=True, quantization=quantization, num_kv_blocks=16,
+              engine_options={"lm_head": lm_head})
     model = llm.engine.runner.model
     assert model.layers[0].qkv_weight.kind == f"{quantization}_cpu"
     assert model.lm_head.kind == f"{lm_head}_cpu"
@@ -101,5 +104,6 @@ def test_a_quantised_lm_head_takes_the_asked_format(quantization, lm_head):
 
 
 def test_an_unknown_lm_head_format_is_refused():
-    with pytest.raises(ValueError, match="lm_head_quantization"):
-        LLM("tiny-random", quantization="int4", lm_head_quantization="int2")
+    with pytest.raises(ValueError, match="lm_head"):
+        LLM("tiny-random", enforce_eager=True, quantization="int4",
+            engine_options={"lm_head": "int2"})

@@ -5,12 +5,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from backend_engine.accel import forms
+from backend_engine.accel.cpu import kernels as cpu
+from backend_engine.accel.plan import LM_HEAD, device_class
+from backend_engine.accel.prepare import prepare, quantize
 from backend_engine.errors import ModelLoadError
-from backend_engine.models.linear import RowAwareLinear
-from backend_engine.quant import cpu
+from backend_engine.models.linear import REFERENCE, Linear
 from backend_engine.quant.formats import (Int4Weight, Int8Weight, cat_rows, narrow,
                                           quantize_int4, quantize_int8)
-from backend_engine.quant.prepare import prepare, quantize
 
 
 def _weight(n=48, k=128, seed=0):
@@ -87,23 +89,28 @@ CASES = [("int8", lambda: quantize_int8(_weight(40, 128))),
 @pytest.mark.parametrize("name,make", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("rows", [1, 3, 17, 130])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_cpu_form_matches_dequantize_then_matmul(name, make, rows, dtype):
+def test_every_cpu_form_matches_the_reference(name, make, rows, dtype):
+    """Each form the plan may name for a CPU weight (accel/forms.py) gives the reference form's
+    product (the stored values dequantised, then F.linear) within bf16's rounding."""
     w = make()
     prepared = prepare(w, "cpu", dtype)
     torch.testing.assert_close(prepared.dequantize(), w.dequantize(), atol=2e-3, rtol=1e-2)
     x = torch.randn(rows, 128, dtype=dtype)
     bias = torch.randn(w.shape[0], dtype=dtype)
-    ref = F.linear(x.float(), w.dequantize(), bias.float())
-    for form in cpu.FORMS[prepared.kind]:
-        linear = RowAwareLinear()
-        linear._choice = {(prepared.kind, w.shape, b): form for b in (1, 2, 4, 8, 16, 32, 64, 128)}
-        out = linear(x, prepared, bias)
+    ref = REFERENCE(x.float(), prepared, bias.float())
+    kind_forms = [form for (form, kind) in forms._cpu_functions() if kind == prepared.kind]
+    assert {"kernel", "tiles", "int8_sums"} <= set(kind_forms)
+    for form in kind_forms:
+        out = Linear(form, {prepared.kind: forms._cpu_functions()[form, prepared.kind]})(
+            x, prepared, bias)
         assert out.dtype == dtype and out.shape == (rows, w.shape[0]) and out.is_contiguous()
         scale = ref.abs().max()
         assert (out.float() - ref).abs().max() <= 2e-2 * scale, form
 
 
-@pytest.mark.skipif(not cpu.w8a8_available(), reason="torch built without oneDNN")
+@pytest.mark.skipif(not cpu.w8a8_available() or LM_HEAD[device_class("cpu")] != "w8a8",
+                    reason="no oneDNN, or no int8 dot products in hardware (the plan's lm_head "
+                           "is int8 there: without VNNI oneDNN's u8s8 kernel saturates)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_is_close_to_dequantize_then_matmul_and_a_row_ignores_its_batch(dtype):
     w = quantize_int8(_weight(40, 128))
@@ -112,7 +119,7 @@ def test_w8a8_is_close_to_dequantize_then_matmul_and_a_row_ignores_its_batch(dty
     torch.testing.assert_close(prepared.dequantize(), w.dequantize(), atol=0, rtol=1e-6)
     x = torch.randn(33, 128, dtype=dtype) * torch.linspace(0.01, 30, 33)[:, None].to(dtype)
     x[5] = 0  # a zero row: no division by zero
-    linear = RowAwareLinear()
+    linear = Linear("w8a8", {prepared.kind: cpu.w8a8_mm})
     out = linear(x, prepared)
     assert out.dtype == dtype and out.shape == (33, 40) and torch.isfinite(out).all()
     assert not out[5].any()
@@ -125,19 +132,3 @@ def test_w8a8_is_close_to_dequantize_then_matmul_and_a_row_ignores_its_batch(dty
     assert torch.equal(linear(x[3:20], prepared), out[3:20])
 
 
-def test_calibration_times_a_quantised_kind_only_when_it_has_a_choice(monkeypatch):
-    import backend_engine.models.linear as module
-
-    weights = [prepare(quantize_int8(_weight(64, 128, seed=s)), "cpu", torch.float32)
-               for s in range(2)]
-    linear = RowAwareLinear()
-    linear.calibrate([weights], repeats=2)
-    assert not any(key[1] == "int8_cpu" for key in module._measured)  # one form: nothing timed
-    slow = dict(cpu.FORMS["int8_cpu"])
-    fast = {"int8_twice": lambda x, w: cpu._int8_mm(x, w), **slow}  # a second candidate
-    monkeypatch.setitem(cpu.FORMS, "int8_cpu", fast)
-    linear.calibrate([weights], repeats=2)
-    for rows in (1, 16, 128):
-        assert ((64, 128), "int8_cpu", rows) in module._measured
-        assert linear.form((64, 128), rows, "int8_cpu") in fast
-    assert linear.form((64, 128), 1000, "int8_cpu") == linear.form((64, 128), 128, "int8_cpu")

@@ -19,14 +19,15 @@ def ids(default_llm):
 @pytest.fixture(scope="module")
 def fp32_ppl(default_llm, ids):
     with torch.inference_mode():
-        return perplexity(default_llm.engine.runner.model, ids)
+        return perplexity(default_llm.engine.runner, ids)
 
 
 @pytest.mark.parametrize("quantization,bound", [("int8", 1.02), ("int4", 1.08)])
 def test_quantised_perplexity_stays_within_bound(ids, fp32_ppl, quantization, bound):
-    # prompt rows only: eager layers, so the build skips compiling a decode step never run
+    # prompt rows only, in the plan's prompt form: eager, so the build skips compiling a decode
+    # step never run
     llm = LLM(str(resolve_model("default").folder), num_kv_blocks=16, quantization=quantization,
-              compile_layers="off")
+              enforce_eager=True)
     with torch.inference_mode():
-        ratio = perplexity(llm.engine.runner.model, ids) / fp32_ppl
+        ratio = perplexity(llm.engine.runner, ids) / fp32_ppl
     assert 1 / bound < ratio <= bound, ratio

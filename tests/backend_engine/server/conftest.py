@@ -14,7 +14,7 @@ MAX_BODY_BYTES = 1024 * 1024
 
 @pytest.fixture(scope="package")
 def replica():
-    config = EngineConfig(model=MODEL, block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, max_model_len=512,
+    config = EngineConfig(enforce_eager=True, model=MODEL, block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, max_model_len=512,
                           max_num_seqs=16, max_num_batched_tokens=256, kv_event_buffer=64)
     settings = ServerSettings(log_level="warning", max_body_bytes=MAX_BODY_BYTES, kv_heartbeat_s=0.3)
     server = start_server(config, settings)

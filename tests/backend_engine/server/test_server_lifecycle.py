@@ -17,7 +17,7 @@ from backend_engine.server.app import create_app
 from backend_engine.server.settings import ServerSettings
 from tests.backend_engine.server.harness import wait_until
 
-TINY_FLAGS = ["--model", "tiny-random", "--num-kv-blocks", "256", "--max-model-len", "512", "--log-level", "warning"]
+TINY_FLAGS = ["--model", "tiny-random", "--enforce-eager", "--num-kv-blocks", "256", "--max-model-len", "512", "--log-level", "warning"]
 
 
 def test_health_and_requests_are_503_while_loading():

@@ -17,7 +17,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
 
 
 def _config(role: str) -> EngineConfig:
-    return EngineConfig(model="tiny-random", num_kv_blocks=96, max_model_len=512, kv_role=role,
+    return EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=96, max_model_len=512, kv_role=role,
                         num_threads=1, kv_transfer_timeout_s=1.0)
 
 

@@ -94,10 +94,10 @@ def test_constrained_and_free_sequences_share_steps(tiny_llm):
 def test_chunked_prefill_and_preemption_keep_output_valid_and_identical():
     prompts = [" ".join(f"word{i}-{j}" for j in range(40)) for i in range(6)]
     params = constrained(json=PERSON, temperature=0, max_tokens=120)
-    roomy = LLM("tiny-random", num_kv_blocks=256, max_num_batched_tokens=512)
+    roomy = LLM("tiny-random", enforce_eager=True, num_kv_blocks=256, max_num_batched_tokens=512)
     reference = [o.outputs[0].token_ids for o in roomy.generate(prompts, params)]
     # prompts of ~130 tokens in 48-token chunks, and too few blocks for all six at once
-    tight = LLM("tiny-random", num_kv_blocks=40, max_num_batched_tokens=48)
+    tight = LLM("tiny-random", enforce_eager=True, num_kv_blocks=40, max_num_batched_tokens=48)
     out = tight.generate(prompts, params)
     assert tight.engine.stats.preemptions > 0
     assert [o.outputs[0].token_ids for o in out] == reference
@@ -198,7 +198,7 @@ def test_speculative_drafts_are_checked_against_the_grammar(tiny_llm, quantizati
     params = [constrained(json=PERSON, temperature=temperature, seed=5),
               constrained(regex=r"[a-c]{2,9}!", temperature=temperature, seed=6),
               SamplingParams(temperature=temperature, seed=7, max_tokens=30, ignore_eos=True)]
-    spec = LLM("tiny-random", num_kv_blocks=256, speculative_method="draft",
+    spec = LLM("tiny-random", enforce_eager=True, num_kv_blocks=256, speculative_method="draft",
                draft_model="tiny-random", num_speculative_tokens=3, quantization=quantization)
     out = spec.generate(prompts, params)
     jsonschema.validate(json.loads(out[0].outputs[0].text), PERSON)

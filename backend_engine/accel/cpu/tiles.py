@@ -1,0 +1,142 @@
+"""The `tiles` form of prompt rows: a quantised CPU weight dequantised to bf16, then GEMMs over
+fixed row tiles.
+
+torch's weight-only kernels (kernels.py) stream a row at a time: at one row they beat any GEMM,
+but from ~16 rows on they are several times slower than bf16's GEMM on CPUs that compute bf16 in
+hardware (AMX). A prompt's rows come in hundreds, so there they take this form: the weight
+dequantised to bf16 for the call (int8: the values, exact in bf16, with the channel scales
+applied to the output; int4: (q - 8) * scale + zero per group, rounded once to bf16), then
+`torch.mm` over tiles of exactly `TILE_ROWS` rows, the last one padded with zero rows.
+
+Why tiles: a BLAS GEMM picks its blocking (and so its summation order) from the row count, so
+one call over 37 rows and one over 512 give a row different bits. Every tile here has the same
+shape, and a row's bits then depend only on the row itself (tested at every row offset within a
+tile and with any neighbours: tests/backend_engine/accel/cpu/test_tiles.py), so a prompt gives
+the same tokens however the scheduler chunks it, batches it or finds its prefix cached.
+
+Each kind's conversion and tile loop run as one custom op, so Inductor treats them as a call
+and the compiled layers keep them whole; int4's dequantisation inside is compiled on its own for
+each weight shape (traced into the layers' dynamic-row graph, Inductor's loop ran far slower).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backend_engine.accel.compile import Compiled
+from backend_engine.accel.cpu.kernels import KERNEL_DTYPE, CpuInt4Weight, CpuInt8Weight
+
+TILE_ROWS = 64  # rows per GEMM call (measured: 32 was ~1.4x slower at 512 rows, 128 pads more)
+
+
+def tiled_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight_t [K, N] in bf16, as calls over `TILE_ROWS` rows each."""
+    m = x.shape[0]
+    pad = -m % TILE_ROWS
+    x = x.to(KERNEL_DTYPE)
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    out = x.new_empty(m + pad, weight_t.shape[1])
+    for start in range(0, m + pad, TILE_ROWS):
+        torch.mm(x[start:start + TILE_ROWS], weight_t, out=out[start:start + TILE_ROWS])
+    return out[:m]
+
+
+def unpack_int4(packed: torch.Tensor, block_n: int | None = None) -> torch.Tensor:
+    """torch's blocked CPU int4 layout (`_convert_weight_to_int4pack_for_cpu`, uint8
+    [N, K // 2]) back to the values, uint8 [N, K]. Output channels come in blocks of `block_n`
+    (64 where torch's kernel is built for AVX512, 32 otherwise: `int4_block_n`) and a last block
+    of the rest (a multiple of 16), each block stored input channel by input channel: in a full
+    block, byte j holds channels j (low nibble) and j + block_n / 2; in the last block, channels
+    2j and 2j + 1. Written as one broadcast shift, which Inductor fuses into a loop several
+    times faster than a concatenation of the two nibbles, or than a transposed result."""
+    block = block_n or int4_block_n() or BLOCK_NS[0]
+    n, k = packed.shape[0], packed.shape[1] * 2
+    full = n // block * block
+    shifts = torch.tensor([0, 4], dtype=torch.uint8, device=packed.device)
+    parts = []
+    if full:
+        b = packed[:full].reshape(full // block, k, 1, block // 2)
+        v = (b >> shifts.view(1, 1, 2, 1)) & 15  # [blocks, K, 2, block / 2]
+        parts.append(v.permute(0, 2, 3, 1).reshape(full, k))
+    if n > full:
+        b = packed[full:].reshape(k, (n - full) // 2, 1)
+        parts.append(((b >> shifts) & 15).reshape(k, n - full).t())  # channels 2j, 2j + 1
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+BLOCK_NS = (64, 32)  # the block widths torch's int4 CPU layout has used
+_block_n: int | None | bool = False  # int4_block_n's answer (False: not probed yet)
+
+
+def int4_block_n() -> int | None:
+    """The block width of the int4 layout this torch writes on this CPU, probed once a process
+    on shapes with both kinds of block (models probe at load, so compiled code reads the
+    answer); None if it is none `unpack_int4` reads (int4 prompt rows then keep the kernel)."""
+    global _block_n
+    if _block_n is False:
+        gen = torch.Generator().manual_seed(0)
+        shapes = [torch.randint(0, 16, (n, 64), dtype=torch.int32, generator=gen)
+                  for n in (64, 112, 48)]
+        packed = [torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1) for q in shapes]
+        _block_n = next((block for block in BLOCK_NS if all(
+            torch.equal(unpack_int4(p, block).to(torch.int32), q)
+            for p, q in zip(packed, shapes))), None)
+    return _block_n
+
+
+def int4_layout_checked() -> bool:
+    return int4_block_n() is not None
+
+
+def dequantize_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+                    group_size: int) -> torch.Tensor:
+    """The grouped weight in bf16 [N_padded, K], from the kernel's own layout."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    v = unpack_int4(packed).view(n, k // group_size, group_size).float() - 8.0
+    sz = scales_and_zeros.float()  # [K // group_size, N, 2]
+    scales, zeros = sz[..., 0].t()[..., None], sz[..., 1].t()[..., None]
+    return (v * scales + zeros).view(n, k).to(KERNEL_DTYPE)
+
+
+@torch.library.custom_op("kvgate::int8_tiled_mm", mutates_args=())
+def int8_tiled_mm(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ the int8 values' transpose (exact in bf16), in `TILE_ROWS`-row tiles; one op,
+    so compiled layers do not trace the conversion into their dynamic-row graph."""
+    return tiled_mm(x, qweight.to(KERNEL_DTYPE).t())
+
+
+@int8_tiled_mm.register_fake
+def _(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], qweight.shape[0], dtype=KERNEL_DTYPE)
+
+
+_fused_dequantize = Compiled(dequantize_int4, "the int4 dequantisation", per_shape=True)
+
+
+@torch.library.custom_op("kvgate::int4_tiled_mm", mutates_args=())
+def int4_tiled_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+                  group_size: int) -> torch.Tensor:
+    """x [M, K] @ the int4 weight's dequantised transpose, in `TILE_ROWS`-row tiles; one op,
+    so compiled layers call it (and the static-shape dequantisation) instead of tracing it."""
+    return tiled_mm(x, _fused_dequantize(packed, scales_and_zeros, group_size).t())
+
+
+@int4_tiled_mm.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+      group_size: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], packed.shape[0], dtype=KERNEL_DTYPE)
+
+
+def int8_tiles(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
+    y = int8_tiled_mm(x, w.qweight).float() * w.scales_fp32
+    return y.to(x.dtype)
+
+
+def int4_tiles(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
+    if w.perm is not None:
+        x = x.index_select(1, w.perm)
+    y = int4_tiled_mm(x, w.packed, w.scales_and_zeros, w.group_size)
+    if y.shape[1] != w.out_features:
+        y = y[:, :w.out_features].contiguous()
+    return y.to(x.dtype)
