@@ -26,7 +26,7 @@ class ReplicaInfo:
 class Router:
     def __init__(
         self,
-        policy: Policy | str = "kvgate",
+        policy: Policy | str = "prefix_cost",
         index: PrefixIndex | None = None,
         load: LoadTracker | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
