@@ -245,7 +245,7 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
                         "publishing them), tcp://HOST:5557[,replay=tcp://HOST:5558][,topic=T][,dp_size=N]")
     p.add_argument("--config", default=None, metavar="FILE", help="YAML/JSON config file (keys, limits, tokenizers, …)")
     p.add_argument("--redis-url", default=None, help="share routing state, keys and rate limits through Redis")
-    p.add_argument("--policy", default=None, help="routing policy (kvgate, round_robin, least_load, …)")
+    p.add_argument("--policy", default=None, help="routing policy (prefix_cost, round_robin, least_load, …)")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--admin-key", default=None, help="the key for /admin and /admin/api (or KVGATE_ADMIN_KEY)")
