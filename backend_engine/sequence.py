@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend_engine.block_pool import KVBlock
+from backend_engine.kv_block import KVBlock
 from backend_engine.sampling_params import SamplingParams
 
 

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backend_engine.block_pool import BlockPool, KVBlock
+from backend_engine.block_pool import BlockPool
+from backend_engine.kv_block import KVBlock
 from backend_engine.kv_transfer.base import Reservation
 
 
