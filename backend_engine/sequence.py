@@ -40,7 +40,6 @@ class Sequence:
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
-    finish_time: float | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     generator: Any = None  # torch.Generator when the request has a seed (runner-owned)

@@ -19,7 +19,6 @@ from routing.policies.pd import PDDecision, PDPolicy
 @dataclass(slots=True)
 class ReplicaInfo:
     name: str
-    healthy: bool = True
     approximate: bool = False
 
 
@@ -57,9 +56,6 @@ class Router:
         self.index.remove_replica(name)
         self.load.remove_replica(name)
 
-    def set_healthy(self, name: str, healthy: bool) -> None:
-        self.replicas[name].healthy = healthy
-
     def on_snapshot(self, name: str, snapshot: Mapping) -> None:
         self.index.apply_snapshot(name, snapshot)
         self.load.observe_engine(name, snapshot.get("load"))
@@ -92,7 +88,7 @@ class Router:
         max_blocks = max(0, (prompt_tokens - 1) // self.block_size)
         states = []
         for info in self.replicas.values():
-            if not info.healthy or info.name in skip:
+            if info.name in skip:
                 continue
             view = self.load.view(info.name, priority)
             states.append(ReplicaState(

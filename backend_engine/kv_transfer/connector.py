@@ -26,7 +26,6 @@ from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill
 from backend_engine.sequence import Sequence
 
 log = logging.getLogger("kvgate.kv_transfer")
-ROLES = ("both", "prefill", "decode")
 
 
 @dataclass(slots=True)
