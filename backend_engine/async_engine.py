@@ -350,10 +350,6 @@ class AsyncLLMEngine:
             info["kv_transfer_address"] = connector.receiver.address
         return info
 
-    @property
-    def kv_event_seq(self) -> int:
-        return self.engine.pool.event_seq
-
     def kv_events_since(self, seq: int) -> list[dict] | None:
         events = self.engine.pool.events_since(seq)
         return None if events is None else [e.to_dict() for e in events]

@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from backend_engine.free_queue import FreeBlockQueue
+from backend_engine.kv_block import KVBlock
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -21,15 +22,6 @@ class PinnedCapacityError(RuntimeError):
 
 class BlockNotCachedError(KeyError):
     """A block hash to pin is not in the prefix cache."""
-
-
-@dataclass(slots=True)
-class KVBlock:
-    block_id: int
-    ref_cnt: int = 0
-    block_hash: int | None = None
-    hits: int = 0  # prefix-cache hits since the hash was stored
-    pin_cnt: int = 0  # pins holding this block (each also holds one reference)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +50,7 @@ class KVEvent:
 
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True, event_buffer: int = 4096,
-                 eviction_policy: str = "kvgate", max_pinned_fraction: float = 0.25):
+                 eviction_policy: str = "slru", max_pinned_fraction: float = 0.25):
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backend_engine.free_queue import eviction_policy_name
+
 SCHEDULING_POLICIES = ("priority", "fcfs")
 KV_ROLES = ("both", "prefill", "decode")
 
@@ -28,7 +30,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # the step's token budget, shared by decode tokens and prefill chunks
     long_prefill_token_threshold: int = 0  # 0: a single prefill may take the whole budget
     enable_prefix_caching: bool = True  # automatic prefix caching (`--no-prefix-caching` turns it off)
-    eviction_policy: str = "kvgate"  # "kvgate" (reused blocks outlive one-offs) | "lru"
+    eviction_policy: str = "slru"  # "slru" (segmented LRU: reused blocks outlive one-offs) | "lru"
     max_pinned_fraction: float = 0.25  # share of the KV pool that pinned prefixes may hold
     max_waiting: int | None = None  # None: unbounded waiting queue
     target_itl_ms: float | None = None  # step budget for this inter-token latency; None: fixed
@@ -73,8 +75,7 @@ class EngineConfig:
             raise ValueError("num_speculative_tokens must be between 1 and 16")
         if self.speculative_method == "draft" and not self.draft_model:
             raise ValueError("speculative_method 'draft' needs draft_model")
-        if self.eviction_policy not in ("kvgate", "lru"):
-            raise ValueError("eviction_policy must be 'kvgate' or 'lru'")
+        self.eviction_policy = eviction_policy_name(self.eviction_policy)  # ValueError if unknown
         if not 0.0 <= self.max_pinned_fraction <= 0.9:
             raise ValueError("max_pinned_fraction must be between 0 and 0.9")
         if self.scheduling_policy not in SCHEDULING_POLICIES:

@@ -134,10 +134,6 @@ class LLMEngine:
         return ids
 
     # -- requests --------------------------------------------------------------------------
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.pool.num_blocks * self.block_size
-
     def kv_room_tokens(self, prompt_token_ids: list[int], cache_salt: str | None = None) -> int:
         """KV tokens one request can hold: the pool less the pinned blocks it does not reuse."""
         pinned = self.pool.num_pinned_blocks
@@ -428,7 +424,6 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.forget(seq.seq_id)
             self.proposer.release(seq.seq_id)
-        seq.finish_time = now
         self.stats.finished_by_reason[reason[0]] += 1
         if seq.first_token_time is not None and seq.num_output_tokens > 1:
             self.stats.observe("tpot", (now - seq.first_token_time) / (seq.num_output_tokens - 1))

@@ -3,7 +3,8 @@ caching of full verified blocks, forking for n > 1, and freeing."""
 
 from __future__ import annotations
 
-from backend_engine.block_pool import BlockOrigin, BlockPool, KVBlock
+from backend_engine.block_pool import BlockOrigin, BlockPool
+from backend_engine.kv_block import KVBlock
 from backend_engine.sequence import Sequence
 from routing.hashing import block_hashes
 

@@ -43,8 +43,3 @@ class EngineStats:
         with self._lock:
             out, self._ttft_by_priority = self._ttft_by_priority, []
         return out
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries \
-            else 0.0

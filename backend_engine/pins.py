@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from backend_engine.block_pool import BlockNotCachedError, BlockPool, KVBlock, PinnedCapacityError
+from backend_engine.block_pool import BlockNotCachedError, BlockPool, PinnedCapacityError
 from backend_engine.errors import InvalidRequestError
+from backend_engine.kv_block import KVBlock
 from routing.hashing import block_hashes
 
 WARMING, PINNED = "warming", "pinned"

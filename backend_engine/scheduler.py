@@ -32,10 +32,6 @@ class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, new tokens)
     preempted: list[Sequence] = field(default_factory=list)
 
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
     def __bool__(self) -> bool:
         return bool(self.scheduled)
 

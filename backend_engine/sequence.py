@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend_engine.block_pool import KVBlock
+from backend_engine.kv_block import KVBlock
 from backend_engine.sampling_params import SamplingParams
 
 
@@ -40,7 +40,6 @@ class Sequence:
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
-    finish_time: float | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     generator: Any = None  # torch.Generator when the request has a seed (runner-owned)

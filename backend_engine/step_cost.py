@@ -58,7 +58,6 @@ class StepCostModel:
         self._anchor: list[tuple[list[float], float]] = []  # start-up points, always kept
         self._recent: deque[tuple[list[float], float]] = deque(maxlen=WINDOW)
         self._since_fit = 0
-        self.fitted = False
 
     def predict(self, shape: StepShape) -> float:
         return float(np.dot(self.coef, shape.features()))
@@ -103,4 +102,3 @@ class StepCostModel:
             active[np.flatnonzero(active)[sol < 0]] = False
             active[0] = True  # keep the intercept (clipped below if it goes negative)
         self.coef = np.clip(coef, 0, None)
-        self.fitted = True

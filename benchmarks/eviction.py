@@ -1,10 +1,10 @@
-"""Eviction: a rare valuable prefix in a flood of one-off prompts, plain LRU vs kvgate.
+"""Eviction: a rare valuable prefix in a flood of one-off prompts, plain LRU vs SLRU.
 
 A small KV pool serves a seeded stream of requests: mostly one-off prompts (never seen again),
 some moderately shared prefixes (a Zipf-like popularity over a handful of them), and a long
 valuable system prompt used only every ~N requests. The same stream runs on three engines:
-plain LRU without pins; kvgate's scan-resistant eviction without pins; and kvgate with the
-valuable prefix pinned through the admin path (a prefill-only warm-up, then a pin).
+plain LRU without pins; the scan-resistant segmented LRU (`slru`) without pins; and slru with
+the valuable prefix pinned through the admin path (a prefill-only warm-up, then a pin).
 Hit rate = prompt tokens the engine served from its prefix cache over prompt tokens sent.
 Prints a table, then one line of JSON.
 """
@@ -144,18 +144,18 @@ def main() -> None:
     args = ap.parse_args()
 
     rows = {}
-    for label, policy, pin in (("lru", "lru", False), ("kvgate, no pin", "kvgate", False),
-                               ("kvgate + pin", "kvgate", True)):
+    for label, policy, pin in (("lru", "lru", False), ("slru, no pin", "slru", False),
+                               ("slru + pin", "slru", True)):
         rows[label] = asyncio.run(run(args, policy, pin))
     print(f"{'engine':<16} {'valuable hit':>12} {'shared hit':>10} {'overall hit':>11} "
           f"{'pinned blocks':>13}")
     for label, (t, cap) in rows.items():
         print(f"{label:<16} {t.valuable_hit:>12.3f} {t.shared_hit:>10.3f} {t.hit_ratio:>11.3f} "
               f"{cap['pinned_blocks']:>6}/{cap['max_pinned_blocks']:<6}")
-    lru, kvgate = rows["lru"][0], rows["kvgate + pin"][0]
+    lru, pinned = rows["lru"][0], rows["slru + pin"][0]
     print(json.dumps({"valuable_prefix_hit_lru": round(lru.valuable_hit, 3),
-                      "valuable_prefix_hit_kvgate": round(kvgate.valuable_hit, 3),
-                      "overall_hit_ratio_vs_lru": round(kvgate.hit_ratio / lru.hit_ratio, 3)}))
+                      "valuable_prefix_hit_slru_pin": round(pinned.valuable_hit, 3),
+                      "overall_hit_ratio_vs_lru": round(pinned.hit_ratio / lru.hit_ratio, 3)}))
 
 
 if __name__ == "__main__":

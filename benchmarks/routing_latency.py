@@ -1,6 +1,6 @@
 """Routing decision latency: `python -m benchmarks.routing_latency`.
 
-4k-token prompts, 16 replicas, the kvgate policy: block hashing + index match + policy + writing
+4k-token prompts, 16 replicas, the prefix-cost policy: block hashing + index match + policy + writing
 predicted entries + booking load, per request. Once in memory, once through Redis (a
 redis-server started on a free port, if the binary exists). Prints one JSON line per mode:
 {"p50_us": ..., "p99_us": ..., "mode": ...}.
@@ -46,7 +46,7 @@ class _Clock:
 
 
 def _router(rng: random.Random, prompts: list[list[int]], clock: _Clock) -> Router:
-    router = Router("kvgate", seed=1, clock=clock)
+    router = Router("prefix_cost", seed=1, clock=clock)
     for i in range(REPLICAS):
         name = f"r{i}"
         router.add_replica(name)

@@ -80,7 +80,7 @@ def run_workload(w: Workload, policies: list[str], replicas: int, seed: int) -> 
     upper = pooled_upper_bound(w.requests, replicas * w.capacity_blocks, 16)
     results = []
     for policy in policies:
-        configs = GATEWAY_CONFIGS if (w.all_gateway_configs or policy == "kvgate") else [(1, True)]
+        configs = GATEWAY_CONFIGS if (w.all_gateway_configs or policy == "prefix_cost") else [(1, True)]
         for gateways, shared in configs:
             results.append(simulate(w.requests, policy, replicas, w.capacity_blocks,
                                     gateways=gateways, shared=shared, seed=seed))
@@ -164,14 +164,14 @@ def main(argv: list[str] | None = None) -> dict:
         paths = plot(all_results, policies)
         print("\nplots: " + ", ".join(str(p.relative_to(REPO)) for p in paths))
     upper_a, res_a = all_results["a"]
-    kv, rr = one(res_a, "kvgate"), one(res_a, "round_robin")
-    kv_d, ll_d = one(all_results["d"][1], "kvgate"), one(all_results["d"][1], "least_load")
+    kv, rr = one(res_a, "prefix_cost"), one(res_a, "round_robin")
+    kv_d, ll_d = one(all_results["d"][1], "prefix_cost"), one(all_results["d"][1], "least_load")
     summary = {
         "hit_vs_upper": round(kv.hit_rate / upper_a, 3),
         "hit_vs_round_robin": round(kv.hit_rate / max(1e-9, rr.hit_rate), 3),
         "load_max_over_mean": round(kv.load_max_over_mean, 3),
         "ttft_p50_vs_round_robin": round(kv.ttft_p50 / rr.ttft_p50, 3),
-        "hit_4gw_over_1gw": round(one(res_a, "kvgate", 4, True).hit_rate / kv.hit_rate, 3),
+        "hit_4gw_over_1gw": round(one(res_a, "prefix_cost", 4, True).hit_rate / kv.hit_rate, 3),
         "noreuse_ttft_vs_least_load": round(kv_d.ttft_p50 / ll_d.ttft_p50, 3),
     }
     print(f"\nelapsed {time.perf_counter() - started:.1f}s")

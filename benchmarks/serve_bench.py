@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json-out", default=None, help="write the summary (and per-request records) here")
     p.add_argument("--compare-policies", action="store_true", help="start a private cluster and compare policies")
     p.add_argument("--quick", action="store_true", help="with --compare-policies: the under-5-minute variant")
-    p.add_argument("--policies", default="kvgate,round_robin,least_load")
+    p.add_argument("--policies", default="prefix_cost,round_robin,least_load")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--cluster-model", default="default")
     return p.parse_args(argv)
@@ -168,7 +168,7 @@ def compare_policies(args: argparse.Namespace) -> int:
     wp = setup.workload
     jobs = build("multi_tenant", wp)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    runs = [(p, 1) for p in policies] + [("kvgate", 2)]
+    runs = [(p, 1) for p in policies] + [("prefix_cost", 2)]
     working_set = wp.tenants * (wp.prompt_tokens // BLOCK)
     bound = ideal_cached_ratio(jobs, BLOCK)
     print(f"serve_bench: {setup.replicas} replicas of {args.cluster_model}, {setup.num_kv_blocks} KV blocks each "
@@ -195,9 +195,9 @@ def compare_policies(args: argparse.Namespace) -> int:
         print(f"(cluster up in {up_s:.0f}s)\n" + format_summary(summary), flush=True)
 
     by = {s.label: s for s in summaries}
-    kv1 = by.get("kvgate (1 gw)")
+    kv1 = by.get("prefix_cost (1 gw)")
     rr = by.get("round_robin (1 gw)")
-    kv2 = by.get("kvgate (2 gw + redis)")
+    kv2 = by.get("prefix_cost (2 gw + redis)")
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a is not None and b else None

@@ -19,7 +19,7 @@ from kvgate.launcher.tokenizer import tokenizer_folder
 class ClusterSpec:
     replicas: int = 4
     gateways: int = 1
-    policy: str = "kvgate"
+    policy: str = "prefix_cost"
     model: str = "default"
     num_kv_blocks: int = 256
     num_threads: int = 1  # 4 replicas on 2 cores: one torch thread each, never oversubscribed

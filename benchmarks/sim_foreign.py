@@ -111,15 +111,15 @@ def ingest_rate(payloads: list[tuple[str, bytes, int]], model: str, block_size: 
 # -- `python -m benchmarks.routing_sim --foreign` ----------------------------------------------
 APPROX_CAPACITY_BLOCKS = 8192  # the gateway's default guess (GatewayConfig.approx_capacity_blocks)
 ROWS = (  # label, policy, feed, gateways (several gateways share no state: no Redis)
-    ("native", "kvgate", "native", 1), ("zmq", "kvgate", "zmq", 1),
-    ("approximate", "kvgate", "none", 1), ("sglang", "sglang", "none", 1),
-    ("native 2gw", "kvgate", "native", 2), ("zmq 2gw", "kvgate", "zmq", 2),
-    ("approx 2gw", "kvgate", "none", 2),
+    ("native", "prefix_cost", "native", 1), ("zmq", "prefix_cost", "zmq", 1),
+    ("approximate", "prefix_cost", "none", 1), ("sglang", "sglang", "none", 1),
+    ("native 2gw", "prefix_cost", "native", 2), ("zmq 2gw", "prefix_cost", "zmq", 2),
+    ("approx 2gw", "prefix_cost", "none", 2),
 )
 
 
 def run_foreign(workloads: list, replicas: int, seed: int, block_size: int) -> dict:
-    """Hit rate of the kvgate policy fed by native events, by vLLM-format ZMQ events and by no
+    """Hit rate of the prefix-cost policy fed by native events, by vLLM-format ZMQ events and by no
     events (the approximate index, sized by the gateway's default since it cannot know a foreign
     engine's cache), and of the SGLang-style policy on its routing history; with one gateway and
     with two that share no state. Returns the summary (printed last as JSON)."""
@@ -128,7 +128,7 @@ def run_foreign(workloads: list, replicas: int, seed: int, block_size: int) -> d
 
     print(f"\nforeign replicas: vLLM-format KV events vs kvgate's own, {replicas} replicas, "
           f"approximate index of {APPROX_CAPACITY_BLOCKS} blocks per replica")
-    print(f"{'workload':<40}{'feed':>13}{'policy':>8}{'hit':>8}{'vs native':>11}{'ttft p50':>10}")
+    print(f"{'workload':<40}{'feed':>13}{'policy':>12}{'hit':>8}{'vs native':>11}{'ttft p50':>10}")
     summary: dict = {}
     payloads: list = []
     for w in workloads:
@@ -141,7 +141,7 @@ def run_foreign(workloads: list, replicas: int, seed: int, block_size: int) -> d
             if zmq is not None and not payloads:
                 payloads = zmq.payloads
             base = runs["native 2gw" if gateways > 1 and "native 2gw" in runs else "native"].hit_rate
-            print(f"({w.key}) {w.title[:35]:<36}{label:>13}{policy:>8}{r.hit_rate:>8.3f}"
+            print(f"({w.key}) {w.title[:35]:<36}{label:>13}{policy:>12}{r.hit_rate:>8.3f}"
                   f"{r.hit_rate / base if base else float('nan'):>11.3f}{r.ttft_p50 * 1000:>8.0f}ms")
         native, native2 = runs["native"].hit_rate, runs["native 2gw"].hit_rate
         summary[w.key] = {"zmq": runs["zmq"].hit_rate / native,

@@ -15,7 +15,7 @@ from gateway.replicas import Replica
 from gateway.state import GatewayState
 from kvgate.protocol.errors import bad_request, not_found
 from kvgate.protocol.parsing import parse_request
-from routing.policies import REGISTRY
+from routing.policies import REGISTRY, policy_name
 
 DASHBOARD = Path(__file__).with_name("dashboard.html")
 
@@ -176,9 +176,12 @@ async def priorities(request: Request) -> dict:
 async def set_policy(request: Request) -> dict:
     state: GatewayState = request.app.state.gateway
     body = parse_request(SetPolicy, await request.body())
-    if body.policy not in REGISTRY:
-        raise bad_request(f"Unknown policy {body.policy!r}; choose from {sorted(REGISTRY)}.", "policy")
-    state.set_policy(body.policy)
+    try:
+        name = policy_name(body.policy)
+    except ValueError:
+        raise bad_request(f"Unknown policy {body.policy!r}; choose from {sorted(REGISTRY)}.",
+                          "policy") from None
+    state.set_policy(name)
     return {"policy": state.router.policy.name}
 
 

@@ -70,7 +70,6 @@ async def _sync_once(state: GatewayState, replica: Replica) -> None:
     replica.role = snapshot.get("role") or "both"
     replica.kv_transfer_address = snapshot.get("kv_transfer_address")
     replica.load = dict(snapshot.get("load") or {})
-    replica.kv_resyncs += 1
     state.pin_sync.schedule_reconcile(replica)  # a restarted replica lost its pins
     seq = int(snapshot.get("seq", 0))
     timeout = httpx.Timeout(10.0, read=EVENT_READ_TIMEOUT_S)

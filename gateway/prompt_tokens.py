@@ -31,7 +31,6 @@ class PromptTokens:
         self.folders = folders
         self.client = client
         self._local: dict[str, LocalTokenizer | None] = {}
-        self.remote_calls = 0
 
     def local(self, model: str) -> LocalTokenizer | None:
         if model not in self._local:
@@ -78,7 +77,6 @@ class PromptTokens:
         if replica_url is None:
             raise APIError(503, "No replica can tokenize this request.", "server_error", None,
                            "service_unavailable", {"Retry-After": "1"})
-        self.remote_calls += 1
         response = await self.client.post(f"{replica_url}/tokenize", json=body, timeout=10.0)
         if response.status_code == 400:
             error = response.json().get("error", {})

@@ -34,7 +34,6 @@ class Replica:
     draining: bool = False  # set by the admin: finish what runs, take nothing new
     exact: bool = True  # serves /kv/snapshot + /kv/events; False: approximate index
     kv_connected: bool = False
-    kv_resyncs: int = 0
     kv_source: str = "kvgate"  # exact entries from "kvgate" (/kv/events) or "zmq" (--kv-events)
     event_lag_s: float | None = None  # age of the last applied event batch, by its timestamp
     kv_feed: object | None = field(default=None, repr=False)  # a ZMQ feed's counters (FeedStats)

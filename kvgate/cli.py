@@ -30,8 +30,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--eviction-policy", default="kvgate", choices=["kvgate", "lru"],
-                   help="free cached blocks: kvgate keeps reused prefixes over one-offs; lru is plain LRU")
+    p.add_argument("--eviction-policy", default="slru", choices=["slru", "lru", "kvgate"],
+                   help="free cached blocks: slru (segmented LRU) keeps reused prefixes over one-offs; "
+                        "lru is plain LRU; kvgate is slru's deprecated name")
     p.add_argument("--max-pinned-fraction", type=float, default=0.25,
                    help="share of the KV pool pinned prefixes may hold (POST /admin/pins)")
     p.add_argument("--max-waiting", type=int, default=None, help="waiting-queue limit; beyond it requests get 503")
@@ -212,7 +213,7 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
                         "publishing them), tcp://HOST:5557[,replay=tcp://HOST:5558][,topic=T][,dp_size=N]")
     p.add_argument("--config", default=None, metavar="FILE", help="YAML/JSON config file (keys, limits, tokenizers, …)")
     p.add_argument("--redis-url", default=None, help="share routing state, keys and rate limits through Redis")
-    p.add_argument("--policy", default=None, help="routing policy (kvgate, round_robin, least_load, …)")
+    p.add_argument("--policy", default=None, help="routing policy (prefix_cost, round_robin, least_load, …)")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--admin-key", default=None, help="the key for /admin and /admin/api (or KVGATE_ADMIN_KEY)")

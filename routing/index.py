@@ -40,7 +40,6 @@ class ReplicaIndexState:
     seq: int = -1
     instance_id: str | None = None
     blocks: OrderedDict[int, None] = field(default_factory=OrderedDict)  # oldest first
-    last_load: dict | None = None
 
 
 @dataclass(slots=True)
@@ -136,7 +135,6 @@ class PrefixIndex:
         state.seq = int(snapshot.get("seq", 0))
         state.instance_id = snapshot.get("instance_id", state.instance_id)
         state.synced = True
-        state.last_load = snapshot.get("load")
 
     def apply_event(self, name: str, event: Mapping) -> bool:
         """Apply one KV event; False means the caller must re-read the snapshot."""
@@ -156,8 +154,6 @@ class PrefixIndex:
             self._resyncs += 1
             return False
         state.seq = seq
-        if event.get("load") is not None:
-            state.last_load = event["load"]
         if event.get("cleared"):
             self.drop_replica(name)
         removed = event.get("removed")

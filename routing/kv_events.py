@@ -27,7 +27,6 @@ ExternalBlockHash = Union[bytes, int]
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
-MEDIUM_STORAGE = "STORAGE"
 END_SEQ = -1  # a replay answer ends with this sequence number (8 bytes, signed)
 
 

@@ -186,9 +186,6 @@ class LoadTracker:
     def booking(self, request_id: str) -> Booking | None:
         return self._bookings.get(request_id)
 
-    def in_flight_total(self) -> int:
-        return len(self._bookings)
-
     def in_flight_by_priority(self) -> dict[int, int]:
         """This gateway's open bookings by priority, over all replicas."""
         out: dict[int, int] = {}

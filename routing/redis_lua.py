@@ -1,7 +1,7 @@
 """Lua scripts run inside Redis: each is one atomic step shared by every gateway.
 
 ROUTE_AND_RESERVE reads each candidate's live leases and pending prefill, its shared predicted
-prefix, computes kvgate's cost (routing/policies/kvgate.py, same formula and window), picks,
+prefix, computes the prefix cost (routing/policies/prefix_cost.py, same formula and window), picks,
 and books the lease - so two gateways can never both take the last slot of a replica. Load is
 counted as routing/load.py counts it: only leases of priority <= the request's (a lease booked
 without a priority counts for everyone). The in-flight cap counts every lease.

@@ -19,14 +19,13 @@ from routing.policies.pd import PDDecision, PDPolicy
 @dataclass(slots=True)
 class ReplicaInfo:
     name: str
-    healthy: bool = True
     approximate: bool = False
 
 
 class Router:
     def __init__(
         self,
-        policy: Policy | str = "kvgate",
+        policy: Policy | str = "prefix_cost",
         index: PrefixIndex | None = None,
         load: LoadTracker | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
@@ -56,9 +55,6 @@ class Router:
         self.replicas.pop(name, None)
         self.index.remove_replica(name)
         self.load.remove_replica(name)
-
-    def set_healthy(self, name: str, healthy: bool) -> None:
-        self.replicas[name].healthy = healthy
 
     def on_snapshot(self, name: str, snapshot: Mapping) -> None:
         self.index.apply_snapshot(name, snapshot)
@@ -92,7 +88,7 @@ class Router:
         max_blocks = max(0, (prompt_tokens - 1) // self.block_size)
         states = []
         for info in self.replicas.values():
-            if not info.healthy or info.name in skip:
+            if info.name in skip:
                 continue
             view = self.load.view(info.name, priority)
             states.append(ReplicaState(

@@ -1,4 +1,4 @@
-"""A gateway's router when state is shared through Redis: the kvgate pick and the load booking
+"""A gateway's router when state is shared through Redis: the prefix-cost pick and the load booking
 happen in one Lua call across all gateways; if Redis is down or slow, the same request is
 routed on local state (routing.router.Router) and the store's state says so."""
 
@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from routing.hashing import block_hashes
 from routing.policies import Decision, NoReplicaAvailable, ReplicaScore
-from routing.policies.kvgate import KvgatePolicy
+from routing.policies.prefix_cost import PrefixCostPolicy
 from routing.redis_store import Candidate, CostParams, RedisStore, StoreState
 from routing.router import Router
 
@@ -43,8 +43,8 @@ class SharedRouter:
                            request_id: str | None = None, session_key: str | None = None,
                            exclude: Iterable[str] = (), priority: int = 0) -> Decision:
         router, policy = self.router, self.router.policy
-        if self.store is None or not isinstance(policy, KvgatePolicy):
-            # Only the kvgate cost runs inside Redis; baselines stay per gateway.
+        if self.store is None or not isinstance(policy, PrefixCostPolicy):
+            # Only the prefix cost runs inside Redis; baselines stay per gateway.
             return router.route_hashes(hashes, prompt_tokens, request_id, session_key, exclude,
                                        priority)
         request_id = request_id or f"req-{self._rng.getrandbits(64):016x}"

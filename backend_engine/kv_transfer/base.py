@@ -19,14 +19,6 @@ from dataclasses import dataclass, field
 from backend_engine.kv_transfer.wire import KVLayout
 
 
-class KVTransferError(RuntimeError):
-    """A transfer failed; `code` says where (see TransferResult.error_code)."""
-
-    def __init__(self, message: str, code: str = "kv_transfer_failed"):
-        super().__init__(message)
-        self.code = code
-
-
 @dataclass(slots=True)
 class SendSpec:
     """One transfer a prefill replica starts when it admits a request."""

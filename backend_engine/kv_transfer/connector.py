@@ -16,7 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backend_engine.block_pool import BlockPool, KVBlock
+from backend_engine.block_pool import BlockPool
+from backend_engine.kv_block import KVBlock
 from backend_engine.kv_transfer.base import ReceiverEvents, Reservation, SenderEvents, TransferResult
 from backend_engine.kv_transfer.block_io import BlockIO
 from backend_engine.kv_transfer.exports import KVExports
@@ -25,7 +26,6 @@ from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill
 from backend_engine.sequence import Sequence
 
 log = logging.getLogger("kvgate.kv_transfer")
-ROLES = ("both", "prefill", "decode")
 
 
 @dataclass(slots=True)

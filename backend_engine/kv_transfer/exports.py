@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backend_engine.block_pool import BlockPool, KVBlock
+from backend_engine.block_pool import BlockPool
+from backend_engine.kv_block import KVBlock
 from backend_engine.kv_transfer.base import KVSender, SendSpec
 from backend_engine.kv_transfer.params import RemoteDecode
 from backend_engine.kv_transfer.wire import KVLayout

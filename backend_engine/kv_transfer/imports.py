@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backend_engine.block_pool import BlockPool, KVBlock
+from backend_engine.block_pool import BlockPool
+from backend_engine.kv_block import KVBlock
 from backend_engine.kv_transfer.base import Reservation
 
 
@@ -41,8 +42,6 @@ class KVImports:
         self._imports: dict[str, _Import] = {}
         self._claims: dict[str, _Claim] = {}  # insertion order is expiry order
         self.blocks_imported = 0
-        self.transfers_completed = 0
-        self.transfers_failed = 0
 
     @property
     def in_flight(self) -> int:
@@ -97,7 +96,6 @@ class KVImports:
                 self.pool.release([block])
                 claimed[i] = existing
         self.blocks_imported += imported
-        self.transfers_completed += 1
         blocks = [claimed[i] for i in sorted(claimed)]
         self._claims[transfer_id] = _Claim(blocks, self.clock() + self.claim_ttl_s)
         return imported
@@ -106,7 +104,6 @@ class KVImports:
         entry = self._imports.pop(transfer_id, None)
         if entry is None:
             return
-        self.transfers_failed += 1
         self.release([*(entry.held[i] for i in sorted(entry.held)),
                       *(entry.reserved[i] for i in sorted(entry.reserved))])
 

@@ -44,7 +44,6 @@ class _In:
 
 @dataclass(slots=True)
 class ReceiverStats:
-    transfers_completed: int = 0
     transfers_failed: int = 0
     blocks_received: int = 0
     bytes_received: int = 0
@@ -157,7 +156,6 @@ class TcpKVReceiver(KVReceiver):
             # The engine thread registers the blocks before it runs anything the sender's
             # answer leads to, so the acknowledgement need not wait for it.
             del self._transfers[entry.transfer_id]
-            self.stats.transfers_completed += 1
             self.events.complete(entry.transfer_id, sorted(entry.received))
             self._reply(entry.peer, wire.Done(entry.transfer_id, len(entry.received)))
         elif isinstance(message, wire.Abort):

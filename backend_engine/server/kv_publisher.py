@@ -23,7 +23,7 @@ from itertools import count
 import msgspec
 import zmq
 
-from routing.kv_events import KVEventBatch, seq_bytes
+from routing.kv_events import KVEventBatch, encode_batch, seq_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class ZmqEventPublisher:
             if batch is None:
                 break
             seq = next(self._seq)
-            payload = encoder.encode(batch)
+            payload = encode_batch(batch, encoder)
             try:
                 self._pub.send_multipart((self._topic, seq_bytes(seq), payload))
             except zmq.ZMQError:

@@ -18,8 +18,6 @@ class SpecStats:
     accepted_tokens: int = 0
     emitted_tokens: int = 0  # tokens appended by verification steps (accepted + bonus)
     verifications: int = 0  # sequence-steps that verified drafts
-    steps_on: int = 0
-    steps_off: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -44,12 +42,7 @@ class SpecController:
 
     def should_speculate(self, num_running: int) -> bool:
         """The batch-level switch, asked once per step."""
-        on = num_running <= self.max_batch
-        if on:
-            self.stats.steps_on += 1
-        else:
-            self.stats.steps_off += 1
-        return on
+        return num_running <= self.max_batch
 
     def draft_budget(self, seq_id: str, k: int) -> int:
         """How many tokens this sequence should draft now: none while its drafts keep failing

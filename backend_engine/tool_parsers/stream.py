@@ -13,7 +13,6 @@ from backend_engine.tool_parsers.base import ParsedToolCall, Split, ToolParser
 class StreamDelta:
     content: str = ""
     calls: list[ParsedToolCall] = field(default_factory=list)
-    first_call_index: int = 0  # the index (in the reply's tool_calls) of calls[0]
 
 
 class ToolCallStream:
@@ -35,6 +34,6 @@ class ToolCallStream:
         else:  # cannot happen for a consistent parser; never resend what was sent
             new_content = ""
         self.sent_content += new_content
-        out = StreamDelta(new_content, split.calls[self.num_sent_calls:], self.num_sent_calls)
+        out = StreamDelta(new_content, split.calls[self.num_sent_calls:])
         self.num_sent_calls = max(self.num_sent_calls, len(split.calls))
         return out

@@ -47,7 +47,6 @@ class Child:
         self.spec = spec
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
-        self.started_at = 0.0
         self.healthy_since: float | None = None
         self.crashes_in_a_row = 0
         self.restart_at: float | None = None  # when a crashed child is due to start again
@@ -67,7 +66,6 @@ class Child:
             self.proc = subprocess.Popen(self.spec.argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                          preexec_fn=_die_with_supervisor)
-        self.started_at = time.monotonic()
         self.healthy_since = None
         self.restart_at = None
         self.status = "starting"

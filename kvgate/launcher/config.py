@@ -85,10 +85,12 @@ class UpConfig:
         _check_extra_flags("engine", self.engine, _MANAGED_ENGINE_FLAGS)
         _check_extra_flags("gateway", self.gateway, _MANAGED_GATEWAY_FLAGS)
         if self.policy is not None:
-            from routing.policies import REGISTRY  # pure Python; fail here, not in a child's log
+            from routing.policies import policy_name  # pure Python; fail here, not in a child's log
 
-            if self.policy not in REGISTRY:
-                raise ConfigError(f"unknown policy {self.policy!r}; choose from {sorted(REGISTRY)}")
+            try:
+                self.policy = policy_name(self.policy)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
     def fill_keys(self) -> None:
         """One admin key for every gateway (each would invent its own), and a user key when

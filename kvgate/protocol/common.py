@@ -116,6 +116,3 @@ class Usage(BaseModel):
             total_tokens=prompt_tokens + completion_tokens,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         )
-
-
-FinishReason = str  # "stop" | "length" (| "tool_calls" | "content_filter", never produced here)

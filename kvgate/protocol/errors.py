@@ -81,10 +81,6 @@ def not_found(message: str) -> APIError:
     return APIError(404, message, "invalid_request_error", None, "not_found")
 
 
-def method_not_allowed(message: str) -> APIError:
-    return APIError(405, message, "invalid_request_error", None, "method_not_allowed")
-
-
 def payload_too_large(limit_bytes: int) -> APIError:
     return APIError(
         413,

@@ -42,10 +42,6 @@ def sse_error(error: APIError) -> bytes:
     return sse_data(error.to_dict())
 
 
-def sse_comment(text: str = "") -> bytes:
-    return f": {text}\n\n".encode()
-
-
 class EventStreamResponse(StreamingResponse):
     """`text/event-stream` response that always watches for `http.disconnect` while streaming.
 

@@ -1,7 +1,7 @@
-"""Choosing a prefill/decode pair, with the kvgate cost model (kvgate.py) on each side.
+"""Choosing a prefill/decode pair, with the prefix cost (prefix_cost.py) on each side.
 
-    decode cost(d)  = kvgate_cost(d, uncached weight TRANSFER_WEIGHT) / (1 - kv_usage(d))
-    prefill cost(p) = kvgate_cost(p)              (as for a whole request)
+    decode cost(d)  = prefix_cost(d, uncached weight TRANSFER_WEIGHT) / (1 - kv_usage(d))
+    prefill cost(p) = prefix_cost(p)              (as for a whole request)
 
 The decode replica is chosen first: it keeps the request for all of its decode, so its
 in-flight decodes (the batch factor), its pending prefill (which stalls its decodes) and its KV
@@ -10,8 +10,8 @@ cheaper than a block computed, but not free). When it lacks at most `bypass_toke
 prompt it prefills them itself - the bypass: no prefill replica, no transfer. Otherwise the
 prefill replica is the one with the least prefill work for this prompt (its cached prefix and
 pending prefill). The pair's cost is the sum of two terms that share no replica, so choosing each
-side on its own finds the cheapest pair. Both sides keep kvgate's guards, load window and random
-pick among near-equal costs.
+side on its own finds the cheapest pair. Both sides keep the prefix-cost policy's guards, load
+window and random pick among near-equal costs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from routing.policies.base import Decision, NoReplicaAvailable, ReplicaState, RouteRequest
-from routing.policies.kvgate import KvgatePolicy
+from routing.policies.prefix_cost import PrefixCostPolicy
 
 TRANSFER_WEIGHT = 0.25
 BYPASS_TOKENS = 64
@@ -37,14 +37,14 @@ class PDDecision:
 
 
 class PDPolicy:
-    name = "kvgate_pd"
+    name = "pd"
 
     def __init__(self, seed: int | None = None, bypass_tokens: int = BYPASS_TOKENS,
                  transfer_weight: float = TRANSFER_WEIGHT) -> None:
         self.bypass_tokens = bypass_tokens
-        self.prefill = KvgatePolicy(seed=seed)
-        self.decode = KvgatePolicy(seed=None if seed is None else seed + 1,
-                                   uncached_weight=transfer_weight, weigh_kv_room=True)
+        self.prefill = PrefixCostPolicy(seed=seed)
+        self.decode = PrefixCostPolicy(seed=None if seed is None else seed + 1,
+                                       uncached_weight=transfer_weight, weigh_kv_room=True)
 
     def choose(self, request: RouteRequest, prefill: list[ReplicaState],
                decode: list[ReplicaState]) -> PDDecision:

@@ -11,7 +11,7 @@ from backend_engine.sampling_params import SamplingParams
 PREFIX = list(range(300, 364))  # 64 tokens: 4 full blocks of 16
 
 
-def _engine(quantization: str | None, policy: str = "kvgate") -> AsyncLLMEngine:
+def _engine(quantization: str | None, policy: str = "slru") -> AsyncLLMEngine:
     return AsyncLLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=48,
                                        quantization=quantization,
                                        max_num_batched_tokens=128, eviction_policy=policy,

@@ -1,8 +1,12 @@
-"""Block pool: pinned blocks and the scan-resistant (kvgate) eviction order against plain LRU."""
+"""Block pool: pinned blocks and the scan-resistant (segmented LRU) eviction order against plain
+LRU."""
+
+import logging
 
 import pytest
 
 from backend_engine.block_pool import BlockNotCachedError, BlockPool, PinnedCapacityError
+from backend_engine.config import EngineConfig
 from backend_engine.free_queue import FreeBlockQueue
 
 
@@ -90,19 +94,19 @@ def test_pins_emit_no_kv_events_and_eviction_events_stay_exact():
     assert set(pool.cached) == {1} | set(event.stored) - set(event.removed)
 
 
-def test_kvgate_order_keeps_reused_blocks_through_a_flood_lru_does_not():
+def test_slru_keeps_reused_blocks_through_a_flood_lru_does_not():
     survivors = {}
-    for policy in ("lru", "kvgate"):
+    for policy in ("lru", "slru"):
         pool = BlockPool(8, eviction_policy=policy)
         _store(pool, [1, 2])
         _hit(pool, [1, 2])
         _flood(pool, 100, 20)
         survivors[policy] = [h for h in (1, 2) if pool.lookup(h) is not None]
-    assert survivors == {"lru": [], "kvgate": [1, 2]}
+    assert survivors == {"lru": [], "slru": [1, 2]}
 
 
-def test_kvgate_evicts_blocks_without_a_hash_then_one_offs_then_reused():
-    pool = BlockPool(4, eviction_policy="kvgate")
+def test_slru_evicts_blocks_without_a_hash_then_one_offs_then_reused():
+    pool = BlockPool(4, eviction_policy="slru")
     a, b, c, d = pool.allocate(4)
     pool.cache_block(a, 1)
     pool.cache_block(b, 2)
@@ -113,7 +117,7 @@ def test_kvgate_evicts_blocks_without_a_hash_then_one_offs_then_reused():
 
 def test_protected_segment_is_bounded_and_demotes_its_least_recent_block():
     blocks = BlockPool(4).blocks
-    queue = FreeBlockQueue(blocks, "kvgate", protected_cap=1)
+    queue = FreeBlockQueue(blocks, "slru", protected_cap=1)
     for block_id, h in ((0, 10), (1, 11)):
         blocks[block_id].block_hash, blocks[block_id].hits = h, 1
         queue.empty.pop(block_id)
@@ -125,3 +129,16 @@ def test_protected_segment_is_bounded_and_demotes_its_least_recent_block():
 def test_unknown_eviction_policy_is_refused():
     with pytest.raises(ValueError, match="eviction_policy"):
         BlockPool(4, eviction_policy="fifo")
+    with pytest.raises(ValueError, match="eviction_policy"):
+        EngineConfig(eviction_policy="fifo").validate()
+
+
+def test_old_eviction_policy_name_means_slru_with_one_warning(caplog):
+    config = EngineConfig(eviction_policy="kvgate")
+    with caplog.at_level(logging.WARNING, logger="backend_engine.free_queue"):
+        config.validate()
+        pool = BlockPool(4, eviction_policy=config.eviction_policy)
+    assert config.eviction_policy == "slru" and pool.free.policy == "slru"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "'kvgate' is deprecated" in warnings[0]
+    assert BlockPool(4, eviction_policy="kvgate").free.policy == "slru"

@@ -51,6 +51,13 @@ def test_bad_config_files_are_refused_with_the_key_named(tmp_path, text: str, me
         config_for("--config", str(path))
 
 
+def test_the_old_policy_name_reaches_the_gateway_as_the_new_one(tmp_path):
+    path = tmp_path / "up.yaml"
+    path.write_text("policy: kvgate\n")
+    plan = build_plan(config_for("--config", str(path)), gpus=0, cores=2)
+    assert argv_value(plan.gateways[0].argv, "--policy") == "prefix_cost"
+
+
 def test_cpu_plan_splits_cores_and_puts_replicas_after_the_gateway():
     plan = build_plan(UpConfig(port=8000), gpus=0, cores=2)
     assert plan.device == "cpu" and plan.redis is None and len(plan.replicas) == 2

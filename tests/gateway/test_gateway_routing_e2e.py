@@ -90,7 +90,8 @@ def test_draining_replica_gets_nothing_new_and_policy_switches(cluster):
     assert len(seen) == 2
     assert procs.admin(gw, "/decisions?limit=1").json()["data"][0]["policy"] == "round_robin"
     assert procs.admin(gw, "/policy", "PUT", json={"policy": "nope"}).status_code == 400
-    procs.admin(gw, "/policy", "PUT", json={"policy": "kvgate"})
+    # The policy's old name still works (configs written before the rename) and means the new one.
+    assert procs.admin(gw, "/policy", "PUT", json={"policy": "kvgate"}).json()["policy"] == "prefix_cost"
 
 
 def test_without_a_local_tokenizer_the_replicas_tokenize(cluster):

@@ -1,4 +1,4 @@
-"""Choosing prefill/decode pairs with the kvgate cost model: the decode replica by cached prefix,
+"""Choosing prefill/decode pairs with the prefix cost: the decode replica by cached prefix,
 in-flight decodes and KV room; the prefill replica by cached prefix and pending prefill; bypass
 when the decode replica already holds nearly all of the prompt; both bookings released."""
 

@@ -1,11 +1,13 @@
 """Properties every user of the router would notice: cache wins at equal load, saturated
 replicas are avoided, identical cold requests do not herd, ties are not broken by position."""
 
+import logging
 from collections import Counter
 
 import pytest
 
 from routing.policies import REGISTRY, NoReplicaAvailable, ReplicaState, RouteRequest, make_policy
+from routing.policies.prefix_cost import PrefixCostPolicy
 from routing.router import Router
 
 PROMPT = 2048
@@ -19,7 +21,7 @@ def idle(name: str, cached: int = 0, **kw) -> ReplicaState:
     return ReplicaState(name, cached_tokens=cached, **kw)
 
 
-@pytest.mark.parametrize("policy", ["kvgate", "sglang"])
+@pytest.mark.parametrize("policy", ["prefix_cost", "sglang"])
 def test_replica_holding_the_prefix_wins_when_loads_are_equal(policy):
     p = make_policy(policy, seed=1)
     for i in range(200):
@@ -28,14 +30,14 @@ def test_replica_holding_the_prefix_wins_when_loads_are_equal(policy):
 
 
 def test_longer_cached_prefix_wins_over_shorter_one():
-    p = make_policy("kvgate", seed=1)
+    p = make_policy("prefix_cost", seed=1)
     replicas = [idle("a", 512), idle("b", 1536), idle("c", 1024)]
     assert all(p.choose(request(i), replicas).replica == "b" for i in range(100))
 
 
 @pytest.mark.parametrize("saturation", [{"kv_usage": 0.97}, {"waiting": 40}])
 def test_saturated_replica_is_never_chosen_while_another_is_below_guard(saturation):
-    p = make_policy("kvgate", seed=2)
+    p = make_policy("prefix_cost", seed=2)
     for i in range(500):
         replicas = [idle("hot", PROMPT - 16, **saturation), idle("x", in_flight=3),
                     idle("y", in_flight=3)]
@@ -45,13 +47,13 @@ def test_saturated_replica_is_never_chosen_while_another_is_below_guard(saturati
 
 
 def test_all_saturated_still_routes_and_says_so():
-    p = make_policy("kvgate", seed=2)
+    p = make_policy("prefix_cost", seed=2)
     decision = p.choose(request(), [idle("a", kv_usage=0.99), idle("b", kv_usage=0.99)])
     assert decision.reason == "all_saturated"
 
 
 def test_affinity_is_kept_inside_the_near_least_loaded_window():
-    p = make_policy("kvgate", seed=3)
+    p = make_policy("prefix_cost", seed=3)
     for i in range(200):
         # "hot" holds the prefix but is far above the others: excluded by the window.
         # Of the replicas inside the window, the one holding half the prefix still wins.
@@ -63,7 +65,7 @@ def test_affinity_is_kept_inside_the_near_least_loaded_window():
 
 
 def test_no_herding_of_identical_cold_requests():
-    router = Router("kvgate", seed=4)
+    router = Router("prefix_cost", seed=4)
     for i in range(8):
         router.add_replica(f"r{i}")
     tokens = list(range(PROMPT))
@@ -73,7 +75,7 @@ def test_no_herding_of_identical_cold_requests():
 
 
 def test_new_prefixes_spread_over_every_replica():
-    router = Router("kvgate", seed=5)
+    router = Router("prefix_cost", seed=5)
     for i in range(4):
         router.add_replica(f"r{i}")
     decisions = []
@@ -84,7 +86,7 @@ def test_new_prefixes_spread_over_every_replica():
     assert Counter(decisions) == Counter({f"r{i}": 2 for i in range(4)})
 
 
-@pytest.mark.parametrize("policy", ["kvgate", "least_load", "random", "session_affinity"])
+@pytest.mark.parametrize("policy", ["prefix_cost", "least_load", "random", "session_affinity"])
 def test_ties_are_not_broken_by_index(policy):
     p = make_policy(policy, seed=6)
     chosen = Counter()
@@ -142,5 +144,14 @@ def test_no_replica_is_an_error_not_a_crash(policy):
 
 
 def test_unknown_policy_name_lists_the_choices():
-    with pytest.raises(ValueError, match="kvgate"):
+    with pytest.raises(ValueError, match="prefix_cost"):
         make_policy("nope")
+
+
+def test_old_policy_name_still_builds_the_renamed_policy_with_one_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="routing.policies"):
+        policy = make_policy("kvgate", seed=1)
+    assert isinstance(policy, PrefixCostPolicy) and policy.name == "prefix_cost"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "'kvgate' is deprecated" in warnings[0]
+    assert "kvgate" not in REGISTRY  # listed choices name only the new name

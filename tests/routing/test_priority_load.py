@@ -85,8 +85,8 @@ def test_policy_routes_a_chat_past_batch_load_and_batch_away_from_it():
     assert r.load.booking("chat-new").priority == CHAT
 
 
-def test_kvgate_cost_sees_only_competing_load():
-    r = two_replicas("kvgate")
+def test_prefix_cost_sees_only_competing_load():
+    r = two_replicas("prefix_cost")
     decision = r.route(list(range(40)), "m", request_id="q", priority=CHAT)
     assert decision.score_of("a").pending_prefill_tokens == 0
     assert decision.score_of("b").pending_prefill_tokens == 40
@@ -94,7 +94,7 @@ def test_kvgate_cost_sees_only_competing_load():
 
 
 def gateway(url: str, seed: int) -> SharedRouter:
-    router = Router("kvgate", seed=seed)
+    router = Router("prefix_cost", seed=seed)
     for name in ("a", "b"):
         router.add_replica(name)
     return SharedRouter(router, RedisStore(url, timeout_s=0.5), seed=seed)

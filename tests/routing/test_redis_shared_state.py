@@ -17,7 +17,7 @@ REPLICAS = ("r0", "r1", "r2")
 
 
 def gateway(url: str, seed: int, max_in_flight: int = 0, **store_kw) -> SharedRouter:
-    router = Router("kvgate", seed=seed)
+    router = Router("prefix_cost", seed=seed)
     for name in REPLICAS:
         router.add_replica(name)
     store = RedisStore(url, timeout_s=store_kw.pop("timeout_s", 0.2),
@@ -116,7 +116,7 @@ async def test_slow_redis_falls_back_within_the_timeout(redis_server):
 
 
 async def test_without_redis_url_nothing_needs_redis():
-    router = Router("kvgate", seed=1)
+    router = Router("prefix_cost", seed=1)
     router.add_replica("r0")
     shared = SharedRouter(router, None)
     decision = await shared.route(prompt(1), "m")
@@ -130,7 +130,7 @@ async def test_lua_pick_agrees_with_python_cost(redis_server):
     pick = await store.route_and_reserve("x", candidates, hashes, 320, 16, 0.5)
     assert pick.replica == "b" and pick.reason == "cache_hit"
     costs = {s.replica: s.cost for s in pick.scores}
-    # (2 * uncached + pending + block) * (1 + in_flight / 4), as routing/policies/kvgate.py
+    # (2 * uncached + pending + block) * (1 + in_flight / 4), as routing/policies/prefix_cost.py
     assert costs == {"a": (2 * 320 + 16) * 1.0, "b": (2 * 64 + 16) * 1.0, "c": (2 * 320 + 16) * 1.0}
     await store.close()
 

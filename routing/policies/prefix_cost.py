@@ -1,4 +1,5 @@
-"""kvgate's cache-aware policy: one cost in tokens of work, guards, and no herding.
+"""The prefix-cost policy: a replica's cached prefix and its load in one cost in tokens of work,
+guards, and no herding.
 
     cost(r) = (2 * uncached_tokens(r) + pending_prefill_tokens(r) + block_size)
               * (1 + in_flight(r) / 4)
@@ -37,7 +38,7 @@ from routing.policies.base import (Decision, ReplicaState, RouteRequest, build_d
 UNCACHED_WEIGHT = 2.0
 
 
-def kvgate_cost(r: ReplicaState, prompt_tokens: int, block_size: int,
+def prefix_cost(r: ReplicaState, prompt_tokens: int, block_size: int,
                 uncached_weight: float = UNCACHED_WEIGHT, batch_scale: float = 4.0,
                 weigh_kv_room: bool = False) -> float:
     """`weigh_kv_room` (decode replicas of a P/D pair): divide by the free share of the KV
@@ -48,8 +49,8 @@ def kvgate_cost(r: ReplicaState, prompt_tokens: int, block_size: int,
     return cost / max(0.05, 1.0 - r.kv_usage) if weigh_kv_room else cost
 
 
-class KvgatePolicy:
-    name = "kvgate"
+class PrefixCostPolicy:
+    name = "prefix_cost"
 
     def __init__(
         self,
@@ -95,7 +96,7 @@ class KvgatePolicy:
                 window.append(r)
             else:
                 excluded.setdefault(r.name, "load_window")
-        costs = {r.name: kvgate_cost(r, request.prompt_tokens, request.block_size,
+        costs = {r.name: prefix_cost(r, request.prompt_tokens, request.block_size,
                                     self.uncached_weight, self.batch_scale, self.weigh_kv_room)
                  for r in replicas}
         best = min(costs[r.name] for r in window)
