@@ -15,11 +15,11 @@ from gateway.config import GatewayConfig
 from gateway.openai_routes import router as openai_router
 from gateway.pin_routes import router as pin_router
 from gateway.state import GatewayState
-from kvgate.protocol.chat import ChatCompletionRequest
-from kvgate.protocol.completions import CompletionRequest
-from kvgate.protocol.http import BodySizeLimitMiddleware, install_error_handlers
-from kvgate.protocol.openapi import document_bodies
-from kvgate.protocol.responses import ResponsesRequest
+from protocol.chat import ChatCompletionRequest
+from protocol.completions import CompletionRequest
+from protocol.http import BodySizeLimitMiddleware, install_error_handlers
+from protocol.openapi import document_bodies
+from protocol.responses import ResponsesRequest
 
 
 def create_app(config: GatewayConfig) -> FastAPI:

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from gateway.circuit import CLOSED, CircuitBreaker
-from kvgate.protocol.features import ENGINE_FEATURES
+from protocol.features import ENGINE_FEATURES
 
 HEALTHY, UNHEALTHY, DOWN, UNKNOWN = "healthy", "unhealthy", "down", "unknown"
 

@@ -31,9 +31,9 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from gateway.kv_events_spec import KvEventsSpec
+from protocol.kv_events import END_SEQ, BadEventBatch, BatchDecoder, KVEventBatch, seq_bytes, seq_of
 from routing.engine_blocks import BlockChanges, EngineBlockMap, MapStats
 from routing.event_sequence import EventSequence, Step
-from routing.kv_events import END_SEQ, BadEventBatch, BatchDecoder, KVEventBatch, seq_bytes, seq_of
 
 if TYPE_CHECKING:
     from gateway.replicas import Replica

@@ -1,0 +1,27 @@
+"""The OpenAI protocol, once, for both HTTP edges (replica server and gateway). Torch-free."""
+
+from protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from protocol.common import Usage
+from protocol.completions import Completion, CompletionRequest
+from protocol.errors import APIError, ErrorResponse
+from protocol.model_list import ModelCard, ModelList
+from protocol.parsing import parse_request
+from protocol.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+
+__all__ = [
+    "APIError",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "Completion",
+    "CompletionRequest",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
+    "ErrorResponse",
+    "ModelCard",
+    "ModelList",
+    "TokenizeRequest",
+    "TokenizeResponse",
+    "Usage",
+    "parse_request",
+]
