@@ -57,7 +57,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.render(state), media_type="text/plain; version=0.0.4")
+        body = state.metrics.render(
+            state.replicas.values(), state.in_flight_by_replica(), queued=len(state.overload),
+            index=state.router.index.size(), pins=state.pin_store.count,
+            redis=state.shared.state, advice=state.advice)
+        return Response(body, media_type="text/plain; version=0.0.4")
 
     document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
                           "/v1/responses": ResponsesRequest})

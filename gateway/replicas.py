@@ -4,6 +4,7 @@ and the per-replica counts behind the dashboard."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gateway.circuit import CLOSED, CircuitBreaker
@@ -82,6 +83,11 @@ class Replica:
         if self.health == HEALTHY and self.breaker.state != CLOSED:
             return f"circuit_{self.breaker.state}"
         return self.health
+
+
+def serving(replicas: Iterable[Replica], model: str) -> list[Replica]:
+    """The replicas that serve `model`, whatever their health."""
+    return [r for r in replicas if model in r.models]
 
 
 def role_exclusions(replicas: list[Replica], model: str, tried: set[str] = frozenset()) -> set[str]:
