@@ -1,4 +1,6 @@
-"""The OpenAI protocol, once, for both HTTP edges (replica server and gateway). Torch-free."""
+"""The bottom layer: what both edges (replica server and gateway) speak, once, torch-free and
+importing nothing else of kvgate's. The OpenAI protocol (request and response models, the error
+object, SSE framing) is here; vLLM's KV-event wire structs are in `protocol.kv_events`."""
 
 from protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from protocol.common import Usage
