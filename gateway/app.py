@@ -58,9 +58,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         body = state.metrics.render(
-            state.replicas.values(), state.in_flight_by_replica(), queued=len(state.overload),
-            index=state.router.index.size(), pins=state.pin_store.count,
-            redis=state.shared.state, advice=state.advice)
+            replicas=state.replicas.values(), in_flight=state.in_flight_by_replica(),
+            queued=len(state.overload), index=state.router.index.size(),
+            pins=state.pin_store.count, redis=state.shared.state, advice=state.advice)
         return Response(body, media_type="text/plain; version=0.0.4")
 
     document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,

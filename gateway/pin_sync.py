@@ -37,7 +37,7 @@ class PinSync:
     async def push(self, record: PinRecord, replica: Replica) -> dict:
         try:
             response = await self.client.post(f"{replica.url}/admin/pins",
-                                                    json=record.replica_body(), timeout=PUSH_TIMEOUT_S)
+                                              json=record.replica_body(), timeout=PUSH_TIMEOUT_S)
         except httpx.HTTPError as exc:
             outcome = {"state": FAILED, "detail": f"{type(exc).__name__}: {exc}"}
         else:
