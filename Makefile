@@ -32,9 +32,12 @@ $(STAMP): pyproject.toml Makefile
 serve: setup
 	$(BIN)/kvgate up
 
-# Two workers, one test file each at a time (a file's fixtures stay in one process): much of
-# the suite waits on replicas and gateways starting, so two files share the 2 cores well.
+# First the layers (import-linter's contracts in pyproject.toml: which package may import which,
+# no cycles), then two pytest workers, one test file each at a time (a file's fixtures stay in
+# one process): much of the suite waits on replicas and gateways starting, so two files share
+# the 2 cores well.
 test: setup
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Strict: a broken link or anchor, a page missing from the nav, any warning fails the build.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from backend_engine.errors import InvalidRequestError
-from kvgate.protocol.tool_prompt import adapt_to_template
+from protocol.tool_prompt import adapt_to_template
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,

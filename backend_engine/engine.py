@@ -19,11 +19,12 @@ from backend_engine.errors import ContextLengthExceededError, InvalidRequestErro
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.metrics import EngineStats
-from backend_engine.model_loader import check_architecture, resolve_model, served_quantization
+from backend_engine.model_loader import check_architecture, resolve_model
 from backend_engine.model_runner import ModelRunner, SeqResult
 from backend_engine.output_processor import OutputProcessor, RequestState
 from backend_engine.outputs import RequestOutput
 from backend_engine.pins import Pin, PinTable
+from backend_engine.quant.loader import served_quantization
 from backend_engine.priority import check_priority, load_by_priority
 from backend_engine.sampler import SamplingRow
 from backend_engine.sampling_params import SamplingParams

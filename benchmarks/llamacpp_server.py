@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from backend_engine import OPENMP_SETTINGS
+from backend_engine.process_env import OPENMP_SETTINGS
 from kvgate.launcher.plan import count_cores
 
 VENV = Path(os.environ.get("KVGATE_LLAMACPP_VENV",

@@ -1,7 +1,7 @@
 """Foreign replicas for the routing simulator: each simulated engine publishes its cache changes
 as vLLM does on ZMQ (msgpack `KVEventBatch`es of `BlockStored` with its OWN sha256 block hashes,
 parent hash and token ids, `BlockRemoved` on eviction; no load reports), and each gateway
-decodes them and maps them to canonical hashes with the real code (routing.kv_events,
+decodes them and maps them to canonical hashes with the real code (protocol.kv_events,
 routing.engine_blocks) before they reach its index. Only the sockets are left out."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from benchmarks.sim_replica import SimRequest
+from protocol.kv_events import BatchDecoder, BlockRemoved, BlockStored, KVEventBatch
 from routing.engine_blocks import EngineBlockMap
 from routing.index import PrefixIndex
-from routing.kv_events import BatchDecoder, BlockRemoved, BlockStored, KVEventBatch
 from routing.router import Router
 
 

@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from backend_engine import cache_root
 from backend_engine.distributed.worker import available_cores
 from backend_engine.llm import LLM
 from backend_engine.model_loader import resolve_model
+from backend_engine.process_env import cache_root
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.step_batch import StepBatch
 

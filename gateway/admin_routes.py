@@ -13,8 +13,8 @@ from starlette.responses import HTMLResponse
 from gateway.kv_events_spec import KvEventsSpecError, parse_kv_events
 from gateway.replicas import Replica
 from gateway.state import GatewayState
-from kvgate.protocol.errors import bad_request, not_found
-from kvgate.protocol.parsing import parse_request
+from protocol.errors import bad_request, not_found
+from protocol.parsing import parse_request
 from routing.policies import REGISTRY, policy_name
 
 DASHBOARD = Path(__file__).with_name("dashboard.html")

@@ -15,11 +15,11 @@ from gateway.config import GatewayConfig
 from gateway.openai_routes import router as openai_router
 from gateway.pin_routes import router as pin_router
 from gateway.state import GatewayState
-from kvgate.protocol.chat import ChatCompletionRequest
-from kvgate.protocol.completions import CompletionRequest
-from kvgate.protocol.http import BodySizeLimitMiddleware, install_error_handlers
-from kvgate.protocol.openapi import document_bodies
-from kvgate.protocol.responses import ResponsesRequest
+from protocol.chat import ChatCompletionRequest
+from protocol.completions import CompletionRequest
+from protocol.http import BodySizeLimitMiddleware, install_error_handlers
+from protocol.openapi import document_bodies
+from protocol.responses import ResponsesRequest
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -57,7 +57,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.render(state), media_type="text/plain; version=0.0.4")
+        body = state.metrics.render(
+            replicas=state.replicas.values(), in_flight=state.in_flight_by_replica(),
+            queued=len(state.overload), index=state.router.index.size(),
+            pins=state.pin_store.count, redis=state.shared.state, advice=state.advice)
+        return Response(body, media_type="text/plain; version=0.0.4")
 
     document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
                           "/v1/responses": ResponsesRequest})

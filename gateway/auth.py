@@ -17,7 +17,7 @@ import time
 from starlette.requests import Request
 
 from gateway.config import ApiKey, check_key_priority
-from kvgate.protocol.errors import APIError, unauthorized
+from protocol.errors import APIError, unauthorized
 
 log = logging.getLogger(__name__)
 REDIS_CACHE_MAX_ENTRIES = 10_000

@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 
 from gateway.kv_events_spec import KvEventsSpecError, parse_kv_events
-from kvgate.protocol.common import MAX_PRIORITY, MIN_PRIORITY
-from kvgate.protocol.features import ENGINE_FEATURES
+from protocol.common import MAX_PRIORITY, MIN_PRIORITY
+from protocol.features import ENGINE_FEATURES
 
 
 class ConfigError(ValueError):

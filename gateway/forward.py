@@ -21,8 +21,8 @@ from gateway.replicas import Replica, role_exclusions
 from gateway.state import GatewayState
 from gateway.stats import DecisionRecord
 from gateway.upstream import UpstreamFailure, UsageScanner, open_until_down, usage_of
-from kvgate.protocol.errors import APIError, service_unavailable
-from kvgate.protocol.sse import DONE, EventStreamResponse, sse_error
+from protocol.errors import APIError, service_unavailable
+from protocol.sse import DONE, EventStreamResponse, sse_error
 from routing.policies import Decision, NoReplicaAvailable
 
 REPLICA_HEADER = "x-kvgate-replica"
@@ -42,7 +42,7 @@ class RoutedRequest:
     started: float  # perf_counter at arrival
     priority: int = 0  # effective: the request's, else its key's default
     single_prompt: bool = True  # False: a completions request with several prompts (no P/D)
-    features: frozenset[str] = frozenset()  # what a replica must serve (kvgate/protocol/features.py)
+    features: frozenset[str] = frozenset()  # what a replica must serve (protocol/features.py)
 
 
 def _exclusions(state: GatewayState, model: str, tried: set[str],

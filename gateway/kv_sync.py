@@ -10,15 +10,14 @@ import json
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import httpx
 
+from gateway.pin_sync import PinSync
+from gateway.replicas import Replica
 from routing.index import BlockSizeMismatch
-
-if TYPE_CHECKING:
-    from gateway.replicas import Replica
-    from gateway.state import GatewayState
+from routing.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -32,64 +31,71 @@ class NoKvEndpoints(Exception):
     """The backend does not serve /kv/snapshot: route it with the approximate index."""
 
 
-async def follow_kv(state: GatewayState, replica: Replica) -> None:
-    """Run until cancelled."""
-    backoff = MIN_BACKOFF_S
-    while True:
-        try:
-            await _sync_once(state, replica)
-            backoff = MIN_BACKOFF_S  # the stream ended cleanly (resync or gap): re-read at once
-            continue
-        except asyncio.CancelledError:
-            raise
-        except NoKvEndpoints:
-            state.use_approximate_index(replica)
-            return
-        except BlockSizeMismatch as exc:
-            log.error("replica %s cannot be indexed: %s", replica.name, exc)
-            replica.kv_connected = False
-            await asyncio.sleep(MAX_BACKOFF_S * 6)
-            continue
-        except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
-            if replica.kv_connected:
-                log.warning("kv feed of %s lost (%s); reconnecting", replica.name, exc)
-            replica.kv_connected = False
-        await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
-        backoff = min(MAX_BACKOFF_S, backoff * 2)
+class KvSync:
+    """Follows replicas' /kv feeds into the router's index; a replica re-read from its snapshot
+    gets its pins put back, one without /kv is handed to `use_approximate_index`."""
 
+    def __init__(self, client: httpx.AsyncClient, router: Router, pins: PinSync,
+                 use_approximate_index: Callable[[Replica], None]) -> None:
+        self.client, self.router, self.pins = client, router, pins
+        self.use_approximate_index = use_approximate_index
 
-async def _sync_once(state: GatewayState, replica: Replica) -> None:
-    client = state.client
-    response = await client.get(f"{replica.url}/kv/snapshot", timeout=10.0)
-    if response.status_code in (404, 405):
-        raise NoKvEndpoints()
-    response.raise_for_status()
-    snapshot = response.json()
-    state.router.on_snapshot(replica.name, snapshot)
-    replica.namespace_model = snapshot.get("model") or replica.namespace_model
-    replica.role = snapshot.get("role") or "both"
-    replica.kv_transfer_address = snapshot.get("kv_transfer_address")
-    replica.load = dict(snapshot.get("load") or {})
-    state.pin_sync.schedule_reconcile(replica)  # a restarted replica lost its pins
-    seq = int(snapshot.get("seq", 0))
-    timeout = httpx.Timeout(10.0, read=EVENT_READ_TIMEOUT_S)
-    async with client.stream("GET", f"{replica.url}/kv/events", params={"since": seq},
-                             timeout=timeout) as events:
-        events.raise_for_status()
-        replica.kv_connected = True
-        async for line in events.aiter_lines():
-            if not line.startswith("data:"):
+    async def follow(self, replica: Replica) -> None:
+        """Run until cancelled."""
+        backoff = MIN_BACKOFF_S
+        while True:
+            try:
+                await self._sync_once(replica)
+                backoff = MIN_BACKOFF_S  # the stream ended cleanly (resync or gap): re-read at once
                 continue
-            event = json.loads(line[5:])
-            kind = event.get("type", "kv")
-            if event.get("load") is not None:
-                replica.load = dict(event["load"])
-            if kind == "heartbeat":
-                state.router.load.observe_engine(replica.name, event.get("load"))
-            elif kind == "resync":
+            except asyncio.CancelledError:
+                raise
+            except NoKvEndpoints:
+                self.use_approximate_index(replica)
                 return
-            elif not state.router.on_event(replica.name, event):
-                return  # a gap: re-read the snapshot
-            elif "ts" in event:
-                replica.event_lag_s = max(0.0, time.time() - float(event["ts"]))
-    raise httpx.ReadError("event stream ended")
+            except BlockSizeMismatch as exc:
+                log.error("replica %s cannot be indexed: %s", replica.name, exc)
+                replica.kv_connected = False
+                await asyncio.sleep(MAX_BACKOFF_S * 6)
+                continue
+            except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+                if replica.kv_connected:
+                    log.warning("kv feed of %s lost (%s); reconnecting", replica.name, exc)
+                replica.kv_connected = False
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+            backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+    async def _sync_once(self, replica: Replica) -> None:
+        response = await self.client.get(f"{replica.url}/kv/snapshot", timeout=10.0)
+        if response.status_code in (404, 405):
+            raise NoKvEndpoints()
+        response.raise_for_status()
+        snapshot = response.json()
+        self.router.on_snapshot(replica.name, snapshot)
+        replica.namespace_model = snapshot.get("model") or replica.namespace_model
+        replica.role = snapshot.get("role") or "both"
+        replica.kv_transfer_address = snapshot.get("kv_transfer_address")
+        replica.load = dict(snapshot.get("load") or {})
+        self.pins.schedule_reconcile(replica)  # a restarted replica lost its pins
+        seq = int(snapshot.get("seq", 0))
+        timeout = httpx.Timeout(10.0, read=EVENT_READ_TIMEOUT_S)
+        async with self.client.stream("GET", f"{replica.url}/kv/events", params={"since": seq},
+                                      timeout=timeout) as events:
+            events.raise_for_status()
+            replica.kv_connected = True
+            async for line in events.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                event = json.loads(line[5:])
+                kind = event.get("type", "kv")
+                if event.get("load") is not None:
+                    replica.load = dict(event["load"])
+                if kind == "heartbeat":
+                    self.router.load.observe_engine(replica.name, event.get("load"))
+                elif kind == "resync":
+                    return
+                elif not self.router.on_event(replica.name, event):
+                    return  # a gap: re-read the snapshot
+                elif "ts" in event:
+                    replica.event_lag_s = max(0.0, time.time() - float(event["ts"]))
+        raise httpx.ReadError("event stream ended")

@@ -3,18 +3,17 @@ gateway and a replica can share a process in tests. Gauges are refreshed at scra
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.circuit import STATE_CODES
 from gateway.kv_feed_metrics import KvFeedCollector
+from gateway.prefix_advice import PrefixAdvisor
 from gateway.prefix_advice_metrics import PrefixAdviceMetrics
-from gateway.replicas import HEALTHY
+from gateway.replicas import HEALTHY, Replica
+from routing.index import IndexSize
 from routing.redis_store import StoreState
-
-if TYPE_CHECKING:
-    from gateway.state import GatewayState
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TOKEN_BUCKETS = (-4096, -1024, -256, -64, -16, 0, 16, 64, 256, 1024, 4096)
@@ -69,24 +68,25 @@ class GatewayMetrics:
         self.prefix_advice = PrefixAdviceMetrics(r, p)
         self.kv_feeds = KvFeedCollector(r, p)
 
-    def render(self, state: GatewayState) -> bytes:
-        for replica in state.replicas.values():
+    def render(self, replicas: Collection[Replica], in_flight: Mapping[str, int], queued: int,
+               index: IndexSize, pins: int, redis: StoreState,
+               advice: PrefixAdvisor | None) -> bytes:
+        """The exposition text, with the gauges set from these readings of the gateway's state."""
+        for replica in replicas:
             self.circuit.labels(replica.name).set(STATE_CODES[replica.breaker.state])
             self.up.labels(replica.name).set(1 if replica.health == HEALTHY else 0)
             self.routable.labels(replica.name).set(1 if replica.routable() else 0)
-        for name, count in state.in_flight_by_replica().items():
+        for name, count in in_flight.items():
             self.in_flight.labels(name).set(count)
-        self.queued.set(len(state.overload))
-        size = state.router.index.size()
-        self.index_entries.labels("resident").set(size.resident_entries)
-        self.index_entries.labels("predicted").set(size.predicted_entries)
-        self.index_bytes.set(size.estimated_bytes)
-        self.pins.set(state.pin_store.count)
-        current = state.shared.state
+        self.queued.set(queued)
+        self.index_entries.labels("resident").set(index.resident_entries)
+        self.index_entries.labels("predicted").set(index.predicted_entries)
+        self.index_bytes.set(index.estimated_bytes)
+        self.pins.set(pins)
         for mode in StoreState:
-            self.redis_state.labels(mode.value).set(1 if mode is current else 0)
-        self.prefix_advice.refresh(state.advice)
-        self.kv_feeds.replicas = state.replicas.values()
+            self.redis_state.labels(mode.value).set(1 if mode is redis else 0)
+        self.prefix_advice.refresh(advice)
+        self.kv_feeds.replicas = replicas
         return generate_latest(self.registry)
 
     def forget_replica(self, name: str) -> None:

@@ -12,20 +12,20 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.config import ApiKey
 from gateway import disagg
+from gateway.config import ApiKey
 from gateway.forward import RoutedRequest
 from gateway.priority import effective_priority
 from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
-from kvgate.protocol.chat import ChatCompletionRequest
-from kvgate.protocol.completions import CompletionRequest
-from kvgate.protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
-from kvgate.protocol.errors import APIError, bad_request, context_length_exceeded, model_not_found
-from kvgate.protocol.features import FEATURE_PARAMS, required_features
-from kvgate.protocol.model_list import ModelCard, ModelList
-from kvgate.protocol.parsing import parse_json_body, parse_request
-from kvgate.protocol.responses import ResponsesRequest
+from protocol.chat import ChatCompletionRequest
+from protocol.completions import CompletionRequest
+from protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
+from protocol.errors import APIError, bad_request, context_length_exceeded, model_not_found
+from protocol.features import FEATURE_PARAMS, required_features
+from protocol.model_list import ModelCard, ModelList
+from protocol.parsing import parse_json_body, parse_request
+from protocol.responses import ResponsesRequest
 from routing.hashing import block_hashes, namespace_for
 from routing.rate_limit import RateLimit
 

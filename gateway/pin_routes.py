@@ -14,9 +14,9 @@ from gateway.admin_routes import require_admin
 from gateway.pin_sync import REFUSED
 from gateway.pins import GATEWAY_PIN_PREFIX, PinRecord
 from gateway.state import GatewayState
-from kvgate.protocol.errors import APIError, bad_request, model_not_found, not_found
-from kvgate.protocol.parsing import parse_request
-from kvgate.protocol.pins import PinRequest
+from protocol.errors import APIError, bad_request, model_not_found, not_found
+from protocol.parsing import parse_request
+from protocol.pins import PinRequest
 
 router = APIRouter(prefix="/admin/api/pins", dependencies=[Depends(require_admin)])
 

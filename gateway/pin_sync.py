@@ -8,16 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import httpx
+from prometheus_client import Counter
 
-from gateway.pins import GATEWAY_PIN_PREFIX, PinRecord
-from gateway.replicas import HEALTHY
-
-if TYPE_CHECKING:
-    from gateway.replicas import Replica
-    from gateway.state import GatewayState
+from gateway.pins import GATEWAY_PIN_PREFIX, PinRecord, PinStore
+from gateway.replicas import HEALTHY, Replica, serving
 
 log = logging.getLogger(__name__)
 PUSH_TIMEOUT_S = 120.0  # warming a long prefix on a CPU replica takes a while
@@ -27,25 +24,26 @@ PINNED, REFUSED, FAILED = "pinned", "refused", "failed"
 
 
 class PinSync:
-    def __init__(self, state: "GatewayState") -> None:
-        self.state = state
+    def __init__(self, client: httpx.AsyncClient, store: PinStore, replicas: Mapping[str, Replica],
+                 pushes: Counter) -> None:
+        self.client, self.store, self.replicas, self.pushes = client, store, replicas, pushes
         self.status: dict[str, dict[str, dict]] = {}  # pin id → replica name → outcome
         self._tasks: dict[str, asyncio.Task] = {}  # running reconciliations, by replica name
         self._last_reconcile: dict[str, float] = {}
 
-    def targets(self, model: str) -> list["Replica"]:
-        return [r for r in self.state.serving(model) if r.health == HEALTHY and r.exact]
+    def targets(self, model: str) -> list[Replica]:
+        return [r for r in serving(self.replicas.values(), model) if r.health == HEALTHY and r.exact]
 
-    async def push(self, record: PinRecord, replica: "Replica") -> dict:
+    async def push(self, record: PinRecord, replica: Replica) -> dict:
         try:
-            response = await self.state.client.post(f"{replica.url}/admin/pins",
-                                                    json=record.replica_body(), timeout=PUSH_TIMEOUT_S)
+            response = await self.client.post(f"{replica.url}/admin/pins",
+                                              json=record.replica_body(), timeout=PUSH_TIMEOUT_S)
         except httpx.HTTPError as exc:
             outcome = {"state": FAILED, "detail": f"{type(exc).__name__}: {exc}"}
         else:
             outcome = _outcome(response)
         self.status.setdefault(record.pin_id, {})[replica.name] = outcome
-        self.state.metrics.pin_pushes.labels(outcome["state"]).inc()
+        self.pushes.labels(outcome["state"]).inc()
         if outcome["state"] != PINNED:
             log.warning("pin %s on %s: %s", record.pin_id, replica.name, outcome.get("detail"))
         return outcome
@@ -58,39 +56,39 @@ class PinSync:
     async def remove_all(self, pin_id: str) -> None:
         """Unpin everywhere; a replica that misses this drops the pin when next reconciled."""
         self.status.pop(pin_id, None)
-        await asyncio.gather(*(self._delete(r, pin_id) for r in list(self.state.replicas.values())
+        await asyncio.gather(*(self._delete(r, pin_id) for r in list(self.replicas.values())
                                if r.exact))
 
-    async def _delete(self, replica: "Replica", pin_id: str) -> None:
+    async def _delete(self, replica: Replica, pin_id: str) -> None:
         try:
-            await self.state.client.delete(f"{replica.url}/admin/pins/{pin_id}", timeout=10.0)
+            await self.client.delete(f"{replica.url}/admin/pins/{pin_id}", timeout=10.0)
         except httpx.HTTPError as exc:  # its next reconciliation removes the stale pin
             log.warning("cannot remove pin %s from %s: %s", pin_id, replica.name, exc)
 
-    def schedule_reconcile(self, replica: "Replica") -> None:
+    def schedule_reconcile(self, replica: Replica) -> None:
         running = self._tasks.get(replica.name)
         if running is not None and not running.done():
             return
         self._last_reconcile[replica.name] = time.monotonic()
         self._tasks[replica.name] = asyncio.create_task(self.reconcile(replica))
 
-    def retry_failed(self, replica: "Replica") -> None:
+    def retry_failed(self, replica: Replica) -> None:
         """Called by the health checker: reconcile again if a push to this replica failed."""
         since = time.monotonic() - self._last_reconcile.get(replica.name, 0.0)
         if since >= RETRY_FAILED_S and any(per.get(replica.name, {}).get("state") == FAILED
                                            for per in self.status.values()):
             self.schedule_reconcile(replica)
 
-    async def reconcile(self, replica: "Replica") -> None:
+    async def reconcile(self, replica: Replica) -> None:
         """Make the replica hold exactly the stored pins of the models it serves."""
         try:
-            response = await self.state.client.get(f"{replica.url}/admin/pins", timeout=10.0)
+            response = await self.client.get(f"{replica.url}/admin/pins", timeout=10.0)
             response.raise_for_status()
             present = {p["id"]: p for p in response.json().get("data", [])}
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             log.info("pins of %s not reconciled now: %s", replica.name, exc)
             return
-        records = [r for r in await self.state.pin_store.all() if r.model in replica.models]
+        records = [r for r in await self.store.all() if r.model in replica.models]
         wanted = {r.pin_id for r in records}
         pushed = []
         for record in records:
@@ -104,7 +102,7 @@ class PinSync:
             if pin_id.startswith(GATEWAY_PIN_PREFIX) and pin_id not in wanted:
                 await self._delete(replica, pin_id)
         if pushed:  # an admin may have removed one while it was warming
-            still = {r.pin_id for r in await self.state.pin_store.all()}
+            still = {r.pin_id for r in await self.store.all()}
             for pin_id in set(pushed) - still:
                 self.status.pop(pin_id, None)
                 await self._delete(replica, pin_id)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from redis.exceptions import RedisError
 
-from kvgate.protocol.errors import service_unavailable
+from protocol.errors import service_unavailable
 
 log = logging.getLogger(__name__)
 REDIS_PINS_HASH = "kvgate:pins"

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.config import ApiKey
 from gateway.stats import percentile
-from kvgate.protocol.errors import bad_request
+from protocol.errors import bad_request
 
 MAX_CLASSES = 16  # distinct priorities tracked one by one; the rest share "other"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

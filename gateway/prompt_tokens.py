@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 
 from gateway.tokenizer import ChatTemplateError, LocalTokenizer, TokenizerUnavailable
-from kvgate.protocol.chat import ChatCompletionRequest
-from kvgate.protocol.errors import APIError, bad_request
+from protocol.chat import ChatCompletionRequest
+from protocol.errors import APIError, bad_request
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,11 @@ and the per-replica counts behind the dashboard."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gateway.circuit import CLOSED, CircuitBreaker
-from kvgate.protocol.features import ENGINE_FEATURES
+from protocol.features import ENGINE_FEATURES
 
 HEALTHY, UNHEALTHY, DOWN, UNKNOWN = "healthy", "unhealthy", "down", "unknown"
 
@@ -81,6 +82,11 @@ class Replica:
         if self.health == HEALTHY and self.breaker.state != CLOSED:
             return f"circuit_{self.breaker.state}"
         return self.health
+
+
+def serving(replicas: Iterable[Replica], model: str) -> list[Replica]:
+    """The replicas that serve `model`, whatever their health."""
+    return [r for r in replicas if model in r.models]
 
 
 def role_exclusions(replicas: list[Replica], model: str, tried: set[str] = frozenset()) -> set[str]:

@@ -13,9 +13,9 @@ import redis.asyncio as aioredis
 from gateway.auth import KeyStore
 from gateway.circuit import CircuitBreaker
 from gateway.config import GatewayConfig
-from gateway.health import check_forever, check_once
+from gateway.health import HealthChecker
 from gateway.kv_events_spec import parse_kv_events
-from gateway.kv_sync import follow_kv
+from gateway.kv_sync import KvSync
 from gateway.metrics import GatewayMetrics
 from gateway.overload_queue import OverloadQueue
 from gateway.pin_sync import PinSync
@@ -25,7 +25,7 @@ from gateway.pool import LeanTransport
 from gateway.prefix_advice import AdviceConfig, PrefixAdvisor
 from gateway.priority import PriorityStats
 from gateway.prompt_tokens import PromptTokens
-from gateway.replicas import Replica, replica_name
+from gateway.replicas import Replica, replica_name, serving
 from gateway.stats import GatewayStats
 from gateway.zmq_feed import follow_zmq
 from routing.policies import make_policy
@@ -66,10 +66,14 @@ class GatewayState:
                                                    socket_timeout=0.5)
                            if config.redis_url else None)
         self.pin_store = PinStore(self.pins_redis)
-        self.pin_sync = PinSync(self)
         self.limiter = RateLimiter(self.store)
         self.tokens = PromptTokens(config.tokenizers, self.client)
         self.metrics = GatewayMetrics()
+        # The workers get what they use; none of them sees this object.
+        self.pin_sync = PinSync(self.client, self.pin_store, self.replicas, self.metrics.pin_pushes)
+        self.health_checker = HealthChecker(self.client, config.health_interval_s,
+                                            self.refresh_models, self.pin_sync)
+        self.kv_sync = KvSync(self.client, self.router, self.pin_sync, self.use_approximate_index)
         self.stats = GatewayStats(config.decisions_kept)
         self.overload = OverloadQueue(config.max_queued_requests, config.max_queue_wait_s)
         self.advice = (PrefixAdvisor(AdviceConfig(block_size=config.block_size))
@@ -112,10 +116,11 @@ class GatewayState:
         replica = Replica(name, url, breaker, engine=self.config.replica_engines.get(url))
         self.replicas[name] = replica
         self.router.add_replica(name)
-        await check_once(self, replica)
+        await self.health_checker.check_once(replica)
         await self.check_parity(replica)
-        feed = follow_zmq(self, replica, spec) if spec else follow_kv(self, replica)
-        self._tasks[name] = [asyncio.create_task(check_forever(self, replica)),
+        feed = (follow_zmq(self.router, replica, spec, self.config.approx_capacity_blocks) if spec
+                else self.kv_sync.follow(replica))
+        self._tasks[name] = [asyncio.create_task(self.health_checker.check_forever(replica)),
                              asyncio.create_task(feed)]
         return replica
 
@@ -179,7 +184,7 @@ class GatewayState:
         return list(seen.values())
 
     def serving(self, model: str) -> list[Replica]:
-        return [r for r in self.replicas.values() if model in r.models]
+        return serving(self.replicas.values(), model)
 
     def in_flight_by_replica(self) -> dict[str, int]:
         return {name: self.router.load.view(name).in_flight for name in self.replicas

@@ -14,7 +14,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from kvgate.protocol.tool_prompt import adapt_to_template
+from protocol.tool_prompt import adapt_to_template
 
 
 TOKEN_TEXTS_CACHED = 8192

@@ -24,20 +24,17 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from gateway.kv_events_spec import KvEventsSpec
+from gateway.replicas import Replica
+from protocol.kv_events import END_SEQ, BadEventBatch, BatchDecoder, KVEventBatch, seq_bytes, seq_of
 from routing.engine_blocks import BlockChanges, EngineBlockMap, MapStats
 from routing.event_sequence import EventSequence, Step
-from routing.kv_events import END_SEQ, BadEventBatch, BatchDecoder, KVEventBatch, seq_bytes, seq_of
-
-if TYPE_CHECKING:
-    from gateway.replicas import Replica
-    from gateway.state import GatewayState
+from routing.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +64,20 @@ class FeedStats:
         return out
 
 
-async def follow_zmq(state: GatewayState, replica: Replica, spec: KvEventsSpec) -> None:
-    """Run until cancelled."""
-    await ZmqFeed(state, replica, spec).run()
+async def follow_zmq(router: Router, replica: Replica, spec: KvEventsSpec,
+                     approx_capacity_blocks: int) -> None:
+    """Run until cancelled; without events the replica is routed with an approximate index of
+    `approx_capacity_blocks`."""
+    await ZmqFeed(router, replica, spec, approx_capacity_blocks).run()
 
 
 class ZmqFeed:
     """One replica: its block map, shared by its ranks, and the switch exact <-> approximate."""
 
-    def __init__(self, state: GatewayState, replica: Replica, spec: KvEventsSpec) -> None:
-        self.state, self.replica, self.spec = state, replica, spec
+    def __init__(self, router: Router, replica: Replica, spec: KvEventsSpec,
+                 approx_capacity_blocks: int) -> None:
+        self.router, self.replica, self.spec = router, replica, spec
+        self.approx_capacity_blocks = approx_capacity_blocks
         self.stats = FeedStats()
         self.blocks: EngineBlockMap | None = None
         self._synced: set[int] = set()
@@ -86,7 +87,7 @@ class ZmqFeed:
         self._fall_back()  # approximate until the first events flow
         while not self.replica.models:  # the namespace of root blocks is the served model
             await asyncio.sleep(0.2)
-        self.blocks = EngineBlockMap(self.replica.models[0], self.state.router.block_size)
+        self.blocks = EngineBlockMap(self.replica.models[0], self.router.block_size)
         self.stats.blocks = self.blocks.stats
         ranks = [RankFeed(self, r, endpoint, replay) for r, endpoint, replay in self.spec.ranks()]
         await asyncio.gather(*(rank.run() for rank in ranks))
@@ -106,9 +107,9 @@ class ZmqFeed:
         self.stats.connected_ranks = len(self._synced)
         self.replica.kv_connected = True
         if not self.replica.exact and self._routed():
-            self.state.router.set_approximate(self.replica.name, False)
+            self.router.set_approximate(self.replica.name, False)
             self.replica.exact = True
-            self.state.router.on_blocks(self.replica.name, list(self.blocks.canonical), ())
+            self.router.on_blocks(self.replica.name, list(self.blocks.canonical), ())
             log.info("replica %s: KV events flowing from %s; exact index", self.replica.name,
                      self.spec.endpoint)
 
@@ -131,18 +132,17 @@ class ZmqFeed:
 
     # -- internals ------------------------------------------------------------------------
     def _routed(self) -> bool:
-        return self.replica.name in self.state.router.replicas
+        return self.replica.name in self.router.replicas
 
     def _to_index(self, changes: BlockChanges) -> None:
         if self.replica.exact and (changes.stored or changes.removed) and self._routed():
-            self.state.router.on_blocks(self.replica.name, changes.stored, changes.removed)
+            self.router.on_blocks(self.replica.name, changes.stored, changes.removed)
 
     def _fall_back(self) -> None:
         self.replica.kv_connected = False
         self.replica.event_lag_s = None
         if self.replica.exact and self._routed():
-            self.state.router.set_approximate(self.replica.name, True,
-                                              self.state.config.approx_capacity_blocks)
+            self.router.set_approximate(self.replica.name, True, self.approx_capacity_blocks)
         self.replica.exact = False
 
 

@@ -166,6 +166,9 @@ def server_settings_from_args(args: argparse.Namespace):  # -> ServerSettings
 
 
 def _run_engine(args: argparse.Namespace) -> int:
+    from backend_engine import process_env
+
+    process_env.set_process_defaults()  # before anything imports torch (libgomp reads it then)
     from backend_engine.server.launcher import serve
 
     try:

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from protocol.kv_events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored,
+                                ExternalBlockHash, KVEventBatch)
 from routing.hashing import block_hash, block_hashes, namespace_for, root_hash
-from routing.kv_events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored,
-                               ExternalBlockHash, KVEventBatch)
 
 # Attention kinds whose blocks are a reusable prefix; other groups (sliding window, mamba) of a
 # hybrid model repeat the full-attention group's tokens and are skipped.

@@ -2,10 +2,13 @@ import os
 
 import pytest
 
+from backend_engine.process_env import set_process_defaults
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the suite runs servers beside the test process (more threads than cores): sleeping OpenMP
-# workers never collapse there (see backend_engine/__init__.py)
+# workers never collapse there (see backend_engine/process_env.py)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+set_process_defaults()  # engines run in the test process too: the same compile cache as replicas
 
 
 @pytest.fixture(scope="session")

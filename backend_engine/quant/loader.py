@@ -12,6 +12,7 @@ from pathlib import Path
 
 from backend_engine.errors import ModelLoadError
 from backend_engine.quant.awq_gptq import convert_checkpoint, quant_method
+from backend_engine.quant.gguf import stored_format
 
 METHODS = ("none", "int8", "int4", "awq", "gptq")
 
@@ -38,6 +39,20 @@ def resolve_quantization(flag: str | None, hf_config, folder: Path) -> str | Non
                              f"quantization_config.quant_method is '{flag}'; this one is {kind}: "
                              "use --quantization int4 or int8 to quantise it at load")
     return None if flag == "none" else flag
+
+
+def served_quantization(spec: str, quantization: str | None) -> tuple[str | None, str]:
+    """The quantisation a model is served with: `quantization` as given, or, for a GGUF file
+    without one, its stored format's nearest (as llama.cpp serves it; `none` dequantises);
+    and a line for the start-up log saying which."""
+    from backend_engine.model_loader import gguf_file
+
+    gguf = gguf_file(spec) if quantization is None else None
+    if gguf is None:
+        return quantization, f"quantization {quantization or 'none'}"
+    method, types = stored_format(gguf)
+    return method, (f"{gguf.name} served as stored ({types}: {method or 'float'} weights; "
+                    "--quantization none dequantises it)")
 
 
 def load_weights(folder: Path, hf_config, method: str | None) -> dict:

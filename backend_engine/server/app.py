@@ -16,12 +16,12 @@ from backend_engine.server import (chat, completions, info_routes, kv_routes, kv
 from backend_engine.server.metrics import HTTPMetricsMiddleware, ServerMetrics
 from backend_engine.server.settings import ServerSettings
 from backend_engine.server.state import ServerState
-from kvgate.protocol.chat import ChatCompletionRequest
-from kvgate.protocol.completions import CompletionRequest
-from kvgate.protocol.http import BodySizeLimitMiddleware, install_error_handlers
-from kvgate.protocol.openapi import document_bodies
-from kvgate.protocol.responses import ResponsesRequest
-from kvgate.protocol.tokenize import DetokenizeRequest, TokenizeRequest
+from protocol.chat import ChatCompletionRequest
+from protocol.completions import CompletionRequest
+from protocol.http import BodySizeLimitMiddleware, install_error_handlers
+from protocol.openapi import document_bodies
+from protocol.responses import ResponsesRequest
+from protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 if TYPE_CHECKING:
     from backend_engine.async_engine import AsyncLLMEngine

@@ -6,7 +6,7 @@ import hmac
 
 from starlette.requests import Request
 
-from kvgate.protocol.errors import unauthorized
+from protocol.errors import unauthorized
 
 
 def require_api_key(request: Request) -> None:

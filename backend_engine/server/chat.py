@@ -23,8 +23,8 @@ from backend_engine.server.serving import ResponseMeta, serve_generation
 from backend_engine.server.state import ServerState
 from backend_engine.server.structured import CHAT_SCHEMA_PARAM, response_schema, structured_params
 from backend_engine.server.tool_plan import ToolPlan
-from kvgate.protocol.chat import AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest
-from kvgate.protocol.parsing import parse_request
+from protocol.chat import AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest
+from protocol.parsing import parse_request
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 

@@ -12,10 +12,10 @@ from backend_engine.server.logprobs import chat_logprobs
 from backend_engine.server.serving import ResponseMeta, aborted_error
 from backend_engine.server.tool_plan import ToolPlan, new_call_id, tool_finish_reason
 from backend_engine.tool_parsers.stream import StreamDelta, ToolCallStream
-from kvgate.protocol.chat import ChatChunkChoice, ChatCompletionChunk, DeltaMessage
-from kvgate.protocol.common import Usage
-from kvgate.protocol.sse import DONE, sse_data
-from kvgate.protocol.tools import DeltaFunctionCall, DeltaToolCall
+from protocol.chat import ChatChunkChoice, ChatCompletionChunk, DeltaMessage
+from protocol.common import Usage
+from protocol.sse import DONE, sse_data
+from protocol.tools import DeltaFunctionCall, DeltaToolCall
 
 
 class _Choice:

@@ -17,11 +17,11 @@ from backend_engine.server.sampling import check_context_length, completion_samp
 from backend_engine.server.serving import ResponseMeta, aborted_error, serve_generation
 from backend_engine.server.state import ServerState
 from backend_engine.server.structured import structured_params
-from kvgate.protocol.common import Usage
-from kvgate.protocol.completions import Completion, CompletionChoice, CompletionRequest, LegacyLogprobs
-from kvgate.protocol.errors import bad_request
-from kvgate.protocol.parsing import parse_request
-from kvgate.protocol.sse import DONE, sse_data
+from protocol.common import Usage
+from protocol.completions import Completion, CompletionChoice, CompletionRequest, LegacyLogprobs
+from protocol.errors import bad_request
+from protocol.parsing import parse_request
+from protocol.sse import DONE, sse_data
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 

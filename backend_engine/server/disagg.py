@@ -1,5 +1,5 @@
 """The replica's half of a prefill/decode pair, as the gateway asks for it in
-`kv_transfer_params` (kvgate/protocol/kv_transfer.py).
+`kv_transfer_params` (protocol/kv_transfer.py).
 
 The decode half is an ordinary generation that starts from the given first tokens, so it goes
 through serve_generation like any request. The prefill half is answered here: run the prompt to
@@ -20,9 +20,9 @@ from backend_engine.kv_transfer.params import FirstToken, RemoteDecode, RemotePr
 from backend_engine.outputs import RequestOutput
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.generation import RequestAborted, final_outputs, start_generations
-from kvgate.protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
-from kvgate.protocol.errors import bad_request, service_unavailable
-from kvgate.protocol.kv_transfer import KVTransferParams
+from protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
+from protocol.errors import bad_request, service_unavailable
+from protocol.kv_transfer import KVTransferParams
 
 
 def check_request(params: KVTransferParams, num_prompts: int, stream: bool) -> None:

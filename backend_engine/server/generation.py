@@ -1,6 +1,6 @@
 """Running engine requests for one HTTP request: start them (so bad input or a full queue is
 still an HTTP status, not an event inside a 200 stream) and merge their streams; a departed
-client cancels them (kvgate/protocol/disconnect.py). Closing an engine generator aborts its
+client cancels them (protocol/disconnect.py). Closing an engine generator aborts its
 request and frees its blocks at once."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from itertools import count
 import msgspec
 import zmq
 
-from routing.kv_events import KVEventBatch, encode_batch, seq_bytes
+from protocol.kv_events import KVEventBatch, encode_batch, seq_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Query
 from starlette.requests import Request
 
 from backend_engine.server.state import FAILED, STOPPED, ServerState
-from kvgate.protocol.sse import EventStreamResponse, sse_data
+from protocol.sse import EventStreamResponse, sse_data
 from routing.hashing import NAMESPACE_RULE
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from backend_engine.block_pool import BlockOrigin, BlockPool, KVEvent
 from backend_engine.server.kv_publisher import KVEventsConfig, ZmqEventPublisher
-from routing.kv_events import (MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
-                               BlockStored, KVEventBatch)
+from protocol.kv_events import (MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
+                                BlockStored, KVEventBatch)
 
 if TYPE_CHECKING:
     from backend_engine.server.state import ServerState

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backend_engine.outputs import TokenLogprob
-from kvgate.protocol.chat import ChoiceLogprobs, TokenLogprobEntry, TopLogprob
-from kvgate.protocol.completions import LegacyLogprobs
+from protocol.chat import ChoiceLogprobs, TokenLogprobEntry, TopLogprob
+from protocol.completions import LegacyLogprobs
 
 
 def _bytes(token: str) -> list[int]:

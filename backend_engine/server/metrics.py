@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvgate.protocol.engine_extras import IGNORED
+from protocol.engine_extras import IGNORED
 
 if TYPE_CHECKING:
     from backend_engine.server.state import ServerState

@@ -7,9 +7,9 @@ from starlette.requests import Request
 
 from backend_engine.server.auth import require_api_key
 from backend_engine.server.state import ServerState
-from kvgate.protocol.errors import model_not_found
-from kvgate.protocol.features import ALL_FEATURES
-from kvgate.protocol.model_list import ModelCard, ModelList
+from protocol.errors import model_not_found
+from protocol.features import ALL_FEATURES
+from protocol.model_list import ModelCard, ModelList
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 

@@ -12,9 +12,9 @@ from backend_engine.errors import EngineError
 from backend_engine.server.auth import require_api_key
 from backend_engine.server.sampling import check_context_length, engine_error_to_api
 from backend_engine.server.state import ServerState
-from kvgate.protocol.errors import not_found, service_unavailable
-from kvgate.protocol.parsing import parse_request
-from kvgate.protocol.pins import PinRequest
+from protocol.errors import not_found, service_unavailable
+from protocol.parsing import parse_request
+from protocol.pins import PinRequest
 
 router = APIRouter(prefix="/admin/pins", dependencies=[Depends(require_api_key)])
 

@@ -19,11 +19,11 @@ from backend_engine.server.sampling import chat_sampling_params
 from backend_engine.server.serving import ResponseMeta, aborted_error, serve_generation
 from backend_engine.server.state import ServerState
 from backend_engine.server.tool_plan import ToolPlan, new_call_id
-from kvgate.protocol.parsing import parse_request
-from kvgate.protocol.response_objects import (EventWriter, FunctionCallItem, IncompleteDetails,
-                                              OutputMessage, OutputText, ResponseObject,
-                                              ResponseUsage)
-from kvgate.protocol.responses import ResponsesRequest
+from protocol.parsing import parse_request
+from protocol.response_objects import (EventWriter, FunctionCallItem, IncompleteDetails,
+                                       OutputMessage, OutputText, ResponseObject,
+                                       ResponseUsage)
+from protocol.responses import ResponsesRequest
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 

@@ -9,10 +9,10 @@ from backend_engine.errors import (
     InvalidRequestError,
 )
 from backend_engine.sampling_params import SamplingParams
-from kvgate.protocol.chat import ChatCompletionRequest
-from kvgate.protocol.common import SamplingFields
-from kvgate.protocol.completions import CompletionRequest
-from kvgate.protocol.errors import (
+from protocol.chat import ChatCompletionRequest
+from protocol.common import SamplingFields
+from protocol.completions import CompletionRequest
+from protocol.errors import (
     APIError,
     bad_request,
     context_length_exceeded,

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from backend_engine.errors import EngineDeadError, EngineError
 from backend_engine.outputs import RequestOutput
 from backend_engine.sampling_params import SamplingParams
+from backend_engine.server import disagg
 from backend_engine.server.generation import (
     RequestAborted,
     Started,
@@ -25,13 +26,12 @@ from backend_engine.server.generation import (
     final_outputs,
     start_generations,
 )
-from backend_engine.server import disagg
 from backend_engine.server.sampling import engine_error_to_api
 from backend_engine.server.state import ServerState
-from kvgate.protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
-from kvgate.protocol.errors import APIError, service_unavailable
-from kvgate.protocol.kv_transfer import KVTransferParams
-from kvgate.protocol.sse import DONE, EventStreamResponse, sse_error
+from protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
+from protocol.errors import APIError, service_unavailable
+from protocol.kv_transfer import KVTransferParams
+from protocol.sse import DONE, EventStreamResponse, sse_error
 
 logger = logging.getLogger(__name__)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,256}$")

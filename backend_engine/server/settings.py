@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvgate.protocol.http import DEFAULT_MAX_BODY_BYTES
+from protocol.http import DEFAULT_MAX_BODY_BYTES
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from backend_engine.errors import ModelLoadError
-from kvgate.protocol.errors import model_not_found, service_unavailable
+from protocol.errors import model_not_found, service_unavailable
 
 if TYPE_CHECKING:
     from backend_engine.async_engine import AsyncLLMEngine

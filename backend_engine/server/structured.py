@@ -6,7 +6,7 @@ from __future__ import annotations
 from backend_engine.errors import InvalidRequestError
 from backend_engine.server.sampling import engine_error_to_api
 from backend_engine.structured import StructuredOutputsParams
-from kvgate.protocol.structured import ResponseFormat, StructuredOutputs
+from protocol.structured import ResponseFormat, StructuredOutputs
 
 
 CHAT_SCHEMA_PARAM = "response_format.json_schema.schema"

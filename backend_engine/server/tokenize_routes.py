@@ -9,9 +9,9 @@ from starlette.requests import Request
 from backend_engine.errors import InvalidRequestError
 from backend_engine.server.sampling import engine_error_to_api
 from backend_engine.server.state import ServerState
-from kvgate.protocol.errors import bad_request
-from kvgate.protocol.parsing import parse_request
-from kvgate.protocol.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from protocol.errors import bad_request
+from protocol.parsing import parse_request
+from protocol.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 router = APIRouter()
 

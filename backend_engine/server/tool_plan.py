@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from backend_engine.structured import StructuredOutputsParams
 from backend_engine.tool_parsers import ParsedToolCall, ToolParser
 from backend_engine.tool_parsers.stream import ToolCallStream
-from kvgate.protocol.errors import bad_request
-from kvgate.protocol.tools import FunctionCall, FunctionDefinition, ToolCall
+from protocol.errors import bad_request
+from protocol.tools import FunctionCall, FunctionDefinition, ToolCall
 
 
 @dataclass(slots=True)

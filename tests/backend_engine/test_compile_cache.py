@@ -1,5 +1,5 @@
-"""Inductor's compiled code goes under kvgate's cache root (not /tmp), unless the user says
-where; and Inductor really writes there."""
+"""Inductor's compiled code goes under kvgate's cache root (not /tmp) once a process sets
+kvgate's defaults, unless the user says where; and Inductor really writes there."""
 
 import os
 import subprocess
@@ -7,35 +7,36 @@ import sys
 from pathlib import Path
 
 NAMES = ("KVGATE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+DEFAULTS = "from backend_engine.process_env import set_process_defaults; set_process_defaults()\n"
 
 
 def _run(code: str, **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if k not in NAMES}
-    return subprocess.run([sys.executable, "-c", code], env={**clean, **env}, check=True,
+    return subprocess.run([sys.executable, "-c", DEFAULTS + code], env={**clean, **env}, check=True,
                           capture_output=True, text=True, timeout=300).stdout.strip()
 
 
 def test_default_is_under_the_cache_root(tmp_path):
-    out = _run("import os, backend_engine; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])",
+    out = _run("import os; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])",
                KVGATE_CACHE_DIR=str(tmp_path))
     assert Path(out) == tmp_path / "inductor"
 
 
 def test_without_kvgate_cache_dir_it_is_the_home_cache(tmp_path):
-    out = _run("import os, backend_engine; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])",
+    out = _run("import os; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])",
                HOME=str(tmp_path))
     assert Path(out) == tmp_path / ".cache" / "kvgate" / "inductor"
 
 
 def test_an_explicit_setting_is_kept(tmp_path):
     mine = tmp_path / "mine"
-    out = _run("import os, backend_engine; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])",
+    out = _run("import os; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])",
                KVGATE_CACHE_DIR=str(tmp_path / "root"), TORCHINDUCTOR_CACHE_DIR=str(mine))
     assert Path(out) == mine
 
 
 def test_inductor_writes_its_code_there(tmp_path):
-    code = ("import backend_engine, torch\n"
+    code = ("import torch\n"
             "f = torch.compile(lambda x: (x * 2 + 1).sum(), fullgraph=True)\n"
             "print(float(f(torch.arange(8.0))))")
     assert _run(code, KVGATE_CACHE_DIR=str(tmp_path)) == "64.0"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from benchmarks.gateway_overhead import FIXTURE_MODEL
-from routing.kv_events import AllBlocksCleared, BlockRemoved, KVEventBatch
+from protocol.kv_events import AllBlocksCleared, BlockRemoved, KVEventBatch
 from tests.gateway import procs
 from tests.gateway.zmq_publishers import free_ports, publisher, stored_batch
 

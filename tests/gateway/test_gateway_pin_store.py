@@ -7,7 +7,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.pins import PinRecord, PinStore
-from kvgate.protocol.errors import APIError
+from protocol.errors import APIError
 from tests.routing.conftest import redis_server  # noqa: F401 - fixture
 
 RECORD = PinRecord("gw-1", "tiny-random", {"prompt": "You are ACME's assistant."}, "You are ACME's…")

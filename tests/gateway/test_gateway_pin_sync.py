@@ -40,7 +40,7 @@ class FakeReplicaServer:
         return httpx.Response(200, json=self.pins[body["id"]])
 
 
-class FakeState:
+class FakeGateway:
     def __init__(self, server: FakeReplicaServer) -> None:
         self.client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: server.handle(r)))
         self.replica = Replica("r1", "http://r1", CircuitBreaker(3, 5.0), models=[MODEL], health=HEALTHY)
@@ -48,14 +48,14 @@ class FakeState:
         self.metrics = GatewayMetrics()
         self.pin_store = PinStore()
 
-    def serving(self, model: str) -> list[Replica]:
-        return [r for r in self.replicas.values() if model in r.models]
+    def pin_sync(self) -> PinSync:
+        return PinSync(self.client, self.pin_store, self.replicas, self.metrics.pin_pushes)
 
 
 async def test_reconcile_pushes_missing_pins_and_removes_only_stale_gateway_pins():
     server = FakeReplicaServer(pins={"gw-stale": {"id": "gw-stale"}, "ops-own": {"id": "ops-own"}})
-    state = FakeState(server)
-    sync = PinSync(state)
+    state = FakeGateway(server)
+    sync = state.pin_sync()
     await state.pin_store.put(PinRecord("gw-1", MODEL, {"prompt": "x" * 64}, "x"))
     await state.pin_store.put(PinRecord("gw-other-model", "other", {"prompt": "y" * 64}, "y"))
     await sync.reconcile(state.replica)
@@ -69,8 +69,8 @@ async def test_reconcile_pushes_missing_pins_and_removes_only_stale_gateway_pins
 async def test_a_failed_push_is_retried_by_the_health_checker(monkeypatch):
     monkeypatch.setattr(pin_sync, "RETRY_FAILED_S", 0.0)
     server = FakeReplicaServer(fail_posts=1)
-    state = FakeState(server)
-    sync = PinSync(state)
+    state = FakeGateway(server)
+    sync = state.pin_sync()
     record = PinRecord("gw-1", MODEL, {"prompt": "x" * 64}, "x")
     await state.pin_store.put(record)
     outcome = await sync.push(record, state.replica)
@@ -83,8 +83,8 @@ async def test_a_failed_push_is_retried_by_the_health_checker(monkeypatch):
 
 async def test_a_refused_push_is_not_retried(monkeypatch):
     monkeypatch.setattr(pin_sync, "RETRY_FAILED_S", 0.0)
-    state = FakeState(FakeReplicaServer())
-    sync = PinSync(state)
+    state = FakeGateway(FakeReplicaServer())
+    sync = state.pin_sync()
     sync.status["gw-1"] = {"r1": {"state": "refused", "detail": "over capacity"}}
     sync.retry_failed(state.replica)
     assert not sync._tasks
@@ -93,8 +93,8 @@ async def test_a_refused_push_is_not_retried(monkeypatch):
 
 async def test_a_pin_removed_while_it_was_warming_is_removed_from_the_replica():
     server = FakeReplicaServer()
-    state = FakeState(server)
-    sync = PinSync(state)
+    state = FakeGateway(server)
+    sync = state.pin_sync()
     await state.pin_store.put(PinRecord("gw-1", MODEL, {"prompt": "x" * 64}, "x"))
     original = server.handle
 

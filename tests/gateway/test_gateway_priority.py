@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from gateway.auth import KeyStore
 from gateway.config import ConfigError, GatewayConfig, load_file
-from kvgate.protocol.errors import APIError
+from protocol.errors import APIError
 from tests.gateway import procs
 from tests.routing.conftest import RedisServer
 

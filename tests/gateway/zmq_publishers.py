@@ -1,5 +1,5 @@
 """A vLLM-style KV event publisher for the gateway tests: kvgate's ZmqEventPublisher (vLLM's wire
-and replay protocol, the structs of routing/kv_events.py written field for field after vLLM's),
+and replay protocol, the structs of protocol/kv_events.py written field for field after vLLM's),
 with a socket wrapper that can drop a live batch (a gap the replay must fill) or corrupt one."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import hashlib
 import socket
 
 from backend_engine.server.kv_publisher import KVEventsConfig, ZmqEventPublisher
-from routing.kv_events import BlockStored, KVEventBatch
+from protocol.kv_events import BlockStored, KVEventBatch
 
 
 def free_ports(n: int) -> list[int]:

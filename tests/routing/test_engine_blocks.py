@@ -7,11 +7,11 @@ import hashlib
 
 import pytest
 
+from protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from routing.engine_blocks import EngineBlockMap
 from routing.event_sequence import EventSequence, Step
 from routing.hashing import block_hashes, namespace_for
 from routing.index import PrefixIndex
-from routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 MODEL = "m"
 B = 16

@@ -13,9 +13,9 @@ import zmq
 from backend_engine.block_pool import BlockOrigin, BlockPool
 from backend_engine.server.kv_publisher import KVEventsConfig, ZmqEventPublisher
 from backend_engine.server.kv_zmq_events import to_batch
+from protocol.kv_events import AllBlocksCleared, BatchDecoder, BlockRemoved, BlockStored, KVEventBatch
 from routing.engine_blocks import EngineBlockMap
 from routing.hashing import block_hashes, namespace_for
-from routing.kv_events import AllBlocksCleared, BatchDecoder, BlockRemoved, BlockStored, KVEventBatch
 from tests.gateway.zmq_publishers import free_ports
 
 MODEL = "tiny"

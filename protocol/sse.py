@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from kvgate.protocol.errors import APIError
+from protocol.errors import APIError
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from routing.kv_events import (AllBlocksCleared, BadEventBatch, BatchDecoder, BlockRemoved,
-                               BlockStored, KVEventBatch, encode_batch, seq_bytes, seq_of)
+from protocol.kv_events import (AllBlocksCleared, BadEventBatch, BatchDecoder, BlockRemoved,
+                                BlockStored, KVEventBatch, encode_batch, seq_bytes, seq_of)
 
 
 def test_batches_encode_as_vllm_map_form():

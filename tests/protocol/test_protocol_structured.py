@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from kvgate.protocol import ChatCompletionRequest, CompletionRequest, parse_request
-from kvgate.protocol.errors import APIError
-from kvgate.protocol.features import JSON_SCHEMA, RESPONSES, STRUCTURED_OUTPUTS, TOOLS, required_features
-from kvgate.protocol.responses import ResponsesRequest
-from kvgate.protocol.tool_prompt import adapt_to_template
+from protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from protocol.errors import APIError
+from protocol.features import JSON_SCHEMA, RESPONSES, STRUCTURED_OUTPUTS, TOOLS, required_features
+from protocol.responses import ResponsesRequest
+from protocol.tool_prompt import adapt_to_template
 
 MSGS = [{"role": "user", "content": "hi"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.",
@@ -37,8 +37,8 @@ def rejected(fn, **fields) -> APIError:
 
 
 def test_new_protocol_modules_import_without_torch():
-    code = ("import sys, kvgate.protocol.responses, kvgate.protocol.response_objects, "
-            "kvgate.protocol.features, kvgate.protocol.tool_prompt; print('torch' in sys.modules)")
+    code = ("import sys, protocol.responses, protocol.response_objects, "
+            "protocol.features, protocol.tool_prompt; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

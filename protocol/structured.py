@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from kvgate.protocol.common import StrictModel
-from kvgate.protocol.errors import bad_request
+from protocol.common import StrictModel
+from protocol.errors import bad_request
 
 SCHEMA_TYPES = {"string", "number", "integer", "boolean", "object", "array", "null"}
 MAX_SCHEMA_DEPTH = 64

@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from kvgate.protocol.chat import ChatMessage
-from kvgate.protocol.common import StrictModel
-from kvgate.protocol.errors import bad_request
+from protocol.chat import ChatMessage
+from protocol.common import StrictModel
+from protocol.errors import bad_request
 
 PIN_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 MAX_PIN_TOKEN_IDS = 131072

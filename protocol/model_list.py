@@ -14,7 +14,7 @@ class ModelCard(BaseModel):
     owned_by: str = "kvgate"
     root: str | None = None  # vLLM extra: the model the name serves
     max_model_len: int | None = None  # vLLM extra
-    features: list[str] | None = None  # kvgate extra: what the replica serves (kvgate/protocol/features.py)
+    features: list[str] | None = None  # kvgate extra: what the replica serves (protocol/features.py)
 
 
 class ModelList(BaseModel):

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from kvgate.protocol.errors import APIError
-from kvgate.protocol.parsing import parse_json_body
+from protocol.errors import APIError
+from protocol.parsing import parse_json_body
 
 
 def test_gateway_document_names_the_request_models():

@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvgate.protocol.errors import APIError, internal_error, payload_too_large
-from kvgate.protocol.parsing import validation_error_to_api_error
+from protocol.errors import APIError, internal_error, payload_too_large
+from protocol.parsing import validation_error_to_api_error
 
 logger = logging.getLogger(__name__)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.protocol.chat import ChatCompletionRequest
-from kvgate.protocol.completions import CompletionRequest
-from kvgate.protocol.engine_extras import IGNORED
-from kvgate.protocol.errors import APIError
-from kvgate.protocol.parsing import parse_request
+from protocol.chat import ChatCompletionRequest
+from protocol.completions import CompletionRequest
+from protocol.engine_extras import IGNORED
+from protocol.errors import APIError
+from protocol.parsing import parse_request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

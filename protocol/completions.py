@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from kvgate.protocol.common import MAX_COMPLETION_LOGPROBS, SamplingFields, Usage
-from kvgate.protocol.errors import bad_request, unsupported
-from kvgate.protocol.structured import ResponseFormat, StructuredOutputs
+from protocol.common import MAX_COMPLETION_LOGPROBS, SamplingFields, Usage
+from protocol.errors import bad_request, unsupported
+from protocol.structured import ResponseFormat, StructuredOutputs
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 

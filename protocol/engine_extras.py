@@ -15,7 +15,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from kvgate.protocol.errors import unsupported
+from protocol.errors import unsupported
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kvgate.protocol.chat import ChatCompletionRequest
-from kvgate.protocol.common import MAX_PRIORITY, MIN_PRIORITY, StrictModel
-from kvgate.protocol.errors import bad_request, unsupported
-from kvgate.protocol.parsing import parse_request, validation_error_to_api_error
-from kvgate.protocol.structured import check_json_schema
-from kvgate.protocol.tools import FUNCTION_NAME, check_tools
+from protocol.chat import ChatCompletionRequest
+from protocol.common import MAX_PRIORITY, MIN_PRIORITY, StrictModel
+from protocol.errors import bad_request, unsupported
+from protocol.parsing import parse_request, validation_error_to_api_error
+from protocol.structured import check_json_schema
+from protocol.tools import FUNCTION_NAME, check_tools
 
 
 class LenientModel(BaseModel):

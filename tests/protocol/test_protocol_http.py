@@ -6,10 +6,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from kvgate.protocol.chat import ChatCompletionChunk, ChatChunkChoice, DeltaMessage
-from kvgate.protocol.errors import APIError, model_not_found, service_unavailable
-from kvgate.protocol.http import BodySizeLimitMiddleware, install_error_handlers
-from kvgate.protocol.sse import DONE, sse_data, sse_error
+from protocol.chat import ChatCompletionChunk, ChatChunkChoice, DeltaMessage
+from protocol.errors import APIError, model_not_found, service_unavailable
+from protocol.http import BodySizeLimitMiddleware, install_error_handlers
+from protocol.sse import DONE, sse_data, sse_error
 
 
 class Body(BaseModel):

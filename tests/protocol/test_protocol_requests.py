@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from kvgate.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, parse_request
-from kvgate.protocol.errors import APIError
-from kvgate.protocol.parsing import param_from_loc
+from protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, parse_request
+from protocol.errors import APIError
+from protocol.parsing import param_from_loc
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -25,7 +25,7 @@ def rejected(fn, *args, **kwargs) -> APIError:
 
 
 def test_protocol_imports_without_torch():
-    code = "import sys, kvgate.protocol, kvgate.protocol.http, kvgate.protocol.sse; print('torch' in sys.modules)"
+    code = "import sys, protocol, protocol.http, protocol.sse; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

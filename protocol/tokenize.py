@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from kvgate.protocol.chat import ChatMessage
-from kvgate.protocol.common import StrictModel
-from kvgate.protocol.errors import bad_request
+from protocol.chat import ChatMessage
+from protocol.common import StrictModel
+from protocol.errors import bad_request
 
 
 class TokenizeRequest(StrictModel):

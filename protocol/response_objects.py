@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from kvgate.protocol.sse import sse_event
+from protocol.sse import sse_event
 
 Status = Literal["in_progress", "completed", "incomplete"]
 

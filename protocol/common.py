@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvgate.protocol.engine_extras import split_extras
-from kvgate.protocol.errors import bad_request
-from kvgate.protocol.kv_transfer import KVTransferParams
+from protocol.engine_extras import split_extras
+from protocol.errors import bad_request
+from protocol.kv_transfer import KVTransferParams
 
 MAX_N = 128
 MAX_STOP = 4

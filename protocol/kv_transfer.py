@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvgate.protocol.errors import bad_request
+from protocol.errors import bad_request
 
 TRANSFER_ID = r"^[A-Za-z0-9._:-]{1,128}$"
 MAX_FIRST_TOKENS = 128  # one per sample: n's bound

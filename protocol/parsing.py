@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kvgate.protocol.errors import APIError, bad_request
+from protocol.errors import APIError, bad_request
 
 M = TypeVar("M", bound=BaseModel)
 

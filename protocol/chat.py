@@ -6,12 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from kvgate.protocol.common import MAX_METADATA_PAIRS, MAX_TOP_LOGPROBS, SamplingFields, Usage
-from kvgate.protocol.errors import bad_request, unsupported
-from kvgate.protocol.structured import ResponseFormat, StructuredOutputs
-from kvgate.protocol.tools import (ChatTool, DeltaToolCall, FunctionDefinition, ToolCall,
-                                   ToolChoice, check_chat_tools, check_legacy_functions,
-                                   check_tools, choice_name, template_tool_calls)
+from protocol.common import MAX_METADATA_PAIRS, MAX_TOP_LOGPROBS, SamplingFields, Usage
+from protocol.errors import bad_request, unsupported
+from protocol.structured import ResponseFormat, StructuredOutputs
+from protocol.tools import (ChatTool, DeltaToolCall, FunctionDefinition, ToolCall,
+                            ToolChoice, check_chat_tools, check_legacy_functions,
+                            check_tools, choice_name, template_tool_calls)
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_serializer
 
-from kvgate.protocol.common import StrictModel
-from kvgate.protocol.errors import bad_request, unsupported
-from kvgate.protocol.structured import check_json_schema
+from protocol.common import StrictModel
+from protocol.errors import bad_request, unsupported
+from protocol.structured import check_json_schema
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_.-]{1,64}$"
 MAX_TOOLS = 128

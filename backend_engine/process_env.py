@@ -1,0 +1,38 @@
+"""The environment a process that runs the engine starts with: OpenMP's spin and where Inductor
+keeps its compiled code. Importing this module (or `backend_engine`) changes nothing; the entry
+points (`kvgate engine`, the test suite, the benchmarks) call `set_process_defaults()` first."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# How long an idle OpenMP worker spins before it sleeps. A decode step is hundreds of small
+# parallel regions, each of which wakes the workers: sleeping workers (OMP_WAIT_POLICY=PASSIVE)
+# made a SmolLM2 int4 step at c=1 1.6x slower than spinning ones, while long spins (libgomp's
+# default, 300,000) collapse 2-10x when another process holds a core, since a spinning worker
+# then eats the time slice of the thread it waits for. A short spin keeps most of the first and
+# bounds the second (measured on 2 cores: docs/engine/quantization.md, "OpenMP waiters"). An
+# explicit OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is: a replica with cores of its own
+# can spin longer (GOMP_SPINCOUNT=300000, libgomp's default), a crowded machine can sleep.
+OPENMP_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+DEFAULT_SPINCOUNT = "1000"
+
+
+def cache_root() -> Path:
+    """Where kvgate keeps what it builds once: converted weights (`models/`) and Inductor's
+    compiled code (`inductor/`). `KVGATE_CACHE_DIR`, else ~/.cache/kvgate."""
+    return Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
+
+
+def set_process_defaults() -> None:
+    """Set kvgate's defaults where the user set nothing. Call it before torch is imported:
+    libgomp reads its spin count once, when torch loads it."""
+    if not any(name in os.environ for name in OPENMP_SETTINGS):
+        os.environ["GOMP_SPINCOUNT"] = DEFAULT_SPINCOUNT
+    # Inductor's kernels and graphs (the decode step, attention, the GEMM templates) go with the
+    # weights, not to torch's default /tmp/torchinductor_<user>, which many systems empty at
+    # boot: a replica's start-up then compiles everything again (SmolLM2 on 2 cores: bf16 186 s
+    # instead of 30, int4 254 s instead of 51). vLLM keeps its own under ~/.cache/vllm likewise.
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
