@@ -105,6 +105,25 @@ def table(results_dir: Path = RESULTS) -> tuple[str, list[str]]:
     return "\n".join([HEAD, *body]) if body else "No benchmark has written a results file yet.", notes
 
 
+def results_index(results_dir: Path = RESULTS) -> str:
+    """The docs site's page of results files: each with its command, machine and date, linked."""
+    lines = ["# Results files", "",
+             "Every benchmark writes `benchmarks/results/<name>.json`: its summary (the JSON line it "
+             "ends with), the detail behind it, and the machine, commit, date and command of the run. "
+             "A file holds the latest run that wrote it; the README's headline table is generated "
+             "from these files.", ""]
+    for path in sorted(results_dir.glob("*.json")):
+        try:
+            doc = read(path)
+        except ResultsFileError:
+            lines.append(f"- [`{path.name}`](results/{path.name}): written before results files "
+                         "recorded their machine, commit and date")
+            continue
+        lines.append(f"- [`{path.name}`](results/{path.name}): `{doc['command']}`; "
+                     f"{machine(doc['machine'])}; {provenance(doc)}")
+    return "\n".join(lines) + "\n"
+
+
 def render(readme: str, generated: str) -> str:
     if readme.count(START) != 1 or readme.count(END) != 1 or readme.index(START) > readme.index(END):
         raise SystemExit(f"README.md needs one {START} … {END} pair around the headline table")
