@@ -110,7 +110,7 @@ ROWS: tuple[Row, ...] = (
     Row("routing_sim", lambda d: (
         "simulated replicas publishing vLLM-format ZMQ KV events vs kvgate's own events (kvgate policy); "
         "no events at all (the approximate index) beside"),
-        ("hit rate ×{zmq_hit_vs_native}", "approximate index ×{approximate_hit_vs_native}",
+        ("hit rate ×{zmq_hit_vs_native} native events'", "approximate index ×{approximate_hit_vs_native}",
          "{ingest_blocks_per_s} blocks/s ingested"), file="routing_sim_foreign"),
     Row("routing_latency", lambda d: (
         f"one routing decision ({d['results'].get('prompt_tokens')}-token prompt, "
