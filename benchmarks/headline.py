@@ -86,13 +86,14 @@ def rows(docs: dict[str, dict]) -> tuple[list[str], list[str]]:
             notes.append(f"left out: {row.stem}.json was written by {doc['benchmark']}, not {row.benchmark}")
             continue
         shown = [figure(t, doc) for t in row.figures]
-        if shown[0] is None:
-            notes.append(f"left out: {row.stem}.json has no {row.figures[0]!r} (a run without its baseline)")
+        compared = row.compared(doc) if callable(row.compared) else figure(row.compared, doc)
+        if shown[0] is None or compared is None:
+            notes.append(f"left out: {row.stem}.json lacks the fields of its row (a run without its baseline?)")
             continue
         figures = "; ".join(f for f in shown if f)
         if row.like_for_like:
             figures += "; " + like_for_like(row, doc, docs)
-        cells = (row.compared(doc), figures, machine(doc["machine"]), provenance(doc), f"`{doc['command']}`")
+        cells = (compared, figures, machine(doc["machine"]), provenance(doc), f"`{doc['command']}`")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return lines, notes
 

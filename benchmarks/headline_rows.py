@@ -2,9 +2,11 @@
 (both sides, with their weights and dtype where a model runs) and which of its summary figures
 show. The wording lives here, in reviewed code; results files hold only figures and arguments.
 
-A figure is a `str.format` template over the file's summary, plus `args` (the benchmark's
-arguments) and `results`; a figure whose fields the file lacks is left out, and a file that
-lacks the row's first figure gets no row (a run without the baseline it is headlined against)."""
+`compared` and each figure are `str.format` templates over the file's summary, plus `args` (the
+benchmark's arguments) and `results` (or, where the wording depends on them, a function of the
+file). A figure whose fields the file lacks is left out; a file that lacks the fields of
+`compared` or of the row's first figure gets no row (a run without the baseline it is
+headlined against)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ LLAMACPP = "llama.cpp `llama-server` (the GGUF's Q4_1 weights as stored, {slots}
 @dataclass(frozen=True)
 class Row:
     benchmark: str
-    compared: Callable[[dict], str]  # the results file -> both sides of the comparison
+    compared: str | Callable[[dict], str]  # both sides of the comparison
     figures: tuple[str, ...]
     file: str = ""  # the results file's stem; the benchmark's name when empty
     like_for_like: str = ""  # where the sides' weights differ: the file holding the like-for-like figure
@@ -58,7 +60,9 @@ def trace_load(doc: dict) -> str:
              + LLAMACPP.format(slots=a.get("llamacpp_parallel")))
     if quant == "int4":
         return sides + "; both 4-bit in 32-weight groups with a scale and a minimum"
-    return sides + f"; the weights differ ({quant or dtype} vs Q4_1)"
+    if quant:
+        return sides + f"; the weights differ ({quant} vs Q4_1)"
+    return sides + f"; the weights differ (that Q4_1 dequantised to {dtype} vs Q4_1 as stored)"
 
 
 def engine_throughput(doc: dict) -> str:
@@ -84,12 +88,6 @@ SPEC_FIGURES = ("grounded c=1 ×{grounded_speedup_c1}", "chat c=1 ×{chat_speedu
                 "grounded c=16 ×{grounded_speedup_c16}", "acceptance {acceptance_grounded}")
 
 
-def serve_bench(doc: dict) -> str:
-    r = doc["results"]
-    return (f"{r.get('replicas')} live CPU replicas of the default model, the same engine and weights under "
-            f"every policy, multi-tenant workload: kvgate routing vs round robin, 1 gateway")
-
-
 def spec_decode(doc: dict) -> str:
     a = args(doc)
     return (f"kvgate engine ({SHORT_DTYPE.get(a.get('dtype'), a.get('dtype'))} weights), greedy: "
@@ -99,36 +97,32 @@ def spec_decode(doc: dict) -> str:
 ROWS: tuple[Row, ...] = (
     Row("trace_load", trace_load, TRACE_FIGURES, like_for_like="trace_load_int4"),
     Row("trace_load", trace_load, TRACE_FIGURES, file="trace_load_int4"),
-    Row("serve_bench", serve_bench, SERVE_FIGURES),
-    Row("routing_sim", lambda d: (
-        f"{args(d).get('replicas')} simulated replicas driving the real router, multi-tenant system prompts: "
-        "the kvgate policy vs round robin and vs one pooled cache (the bound)"),
+    Row("serve_bench", "{results[replicas]} live CPU replicas of the default model, the same engine and "
+        "weights under every policy, multi-tenant workload: kvgate routing vs round robin, 1 gateway",
+        SERVE_FIGURES),
+    Row("routing_sim", "{args[replicas]} simulated replicas driving the real router, multi-tenant system "
+        "prompts: the kvgate policy vs round robin and vs one pooled cache (the bound)",
         ("hit rate {hit_vs_upper} of the bound", "×{hit_vs_round_robin} round robin's",
          "TTFT p50 ×{ttft_p50_vs_round_robin}", "busy max/mean {load_max_over_mean}",
          "4 gateways sharing state vs 1: hit ×{hit_4gw_over_1gw}",
          "no reuse: TTFT p50 ×{noreuse_ttft_vs_least_load} least load's")),
-    Row("routing_sim", lambda d: (
-        "simulated replicas publishing vLLM-format ZMQ KV events vs kvgate's own events (kvgate policy); "
-        "no events at all (the approximate index) beside"),
+    Row("routing_sim", "{args[replicas]} simulated replicas publishing vLLM-format ZMQ KV events vs kvgate's "
+        "own events (kvgate policy); no events at all (the approximate index) beside",
         ("hit rate ×{zmq_hit_vs_native} native events'", "approximate index ×{approximate_hit_vs_native}",
          "{ingest_blocks_per_s} blocks/s ingested"), file="routing_sim_foreign"),
-    Row("routing_latency", lambda d: (
-        f"one routing decision ({d['results'].get('prompt_tokens')}-token prompt, "
-        f"{d['results'].get('replicas')} replicas, kvgate policy): in memory and through Redis"),
+    Row("routing_latency", "one routing decision ({results[prompt_tokens]}-token prompt, "
+        "{results[replicas]} replicas, kvgate policy): in memory and through Redis",
         ("in memory p50 {memory[p50_us]} µs, p99 {memory[p99_us]} µs",
          "Redis p50 {redis[p50_us]} µs, p99 {redis[p99_us]} µs")),
-    Row("gateway_overhead", lambda d: (
-        f"a fixture upstream (fixed answers, no model) through the gateway vs called directly, "
-        f"{args(d).get('rate')} req/s open loop"),
+    Row("gateway_overhead", "a fixture upstream (fixed answers, no model) through the gateway vs called "
+        "directly, {args[rate]:g} req/s open loop",
         ("added p50 {added_p50_ms} ms", "added p99 {added_p99_ms} ms",
          "{max_rps} req/s through the gateway (closed loop)")),
-    Row("prefix_cache", lambda d: (
-        f"kvgate engine (fp32 weights), {args(d).get('requests')} prompts of ~{args(d).get('prompt_tokens')} "
-        "tokens sharing a system prompt: prefix cache on vs off"),
+    Row("prefix_cache", "kvgate engine (fp32 weights), {args[requests]} prompts of ~{args[prompt_tokens]} "
+        "tokens sharing a system prompt: prefix cache on vs off",
         ("median TTFT ×{ttft_ratio_60} (60 % shared)", "×{ttft_ratio_80} (80 % shared)")),
-    Row("chunked_prefill", lambda d: (
-        f"kvgate engine (fp32 weights), decodes while {args(d).get('long_tokens')}-token prompts arrive: "
-        f"{args(d).get('chunk')}-token prefill chunks vs whole prompts"),
+    Row("chunked_prefill", "kvgate engine (fp32 weights), decodes while {args[long_tokens]}-token prompts "
+        "arrive: {args[chunk]}-token prefill chunks vs whole prompts",
         ("p99 inter-token latency ×{p99_itl_ratio}", "throughput ×{throughput_ratio}")),
     Row("engine_throughput", engine_throughput, ENGINE_FIGURES),
     Row("engine_throughput", engine_throughput, ENGINE_FIGURES, file="engine_throughput_bfloat16"),
@@ -136,48 +130,40 @@ ROWS: tuple[Row, ...] = (
         like_for_like="engine_throughput"),
     Row("spec_decode", spec_decode, SPEC_FIGURES),
     Row("spec_decode", spec_decode, SPEC_FIGURES, file="spec_decode_bfloat16"),
-    Row("quant_quality", lambda d: (
-        "kvgate engine, int8 and int4 (32-weight groups) weights vs fp32 (the GGUF dequantised): "
-        "perplexity on a fixed text, greedy agreement"),
+    Row("quant_quality", "kvgate engine, int8 and int4 (32-weight groups) weights vs fp32 (the GGUF "
+        "dequantised): perplexity on a fixed text, greedy agreement",
         ("int8 perplexity ×{int8_ppl_ratio}, agreement {int8_greedy_agreement}",
          "int4 perplexity ×{int4_ppl_ratio}, agreement {int4_greedy_agreement}")),
-    Row("quant_speed", lambda d: (
-        "a kvgate replica with int4 weights (32-weight groups, bf16 compute) vs "
-        + LLAMACPP.format(slots=args(d).get("concurrency"))
-        + f", both 4-bit, {args(d).get('threads')} threads each, measured in turns"),
+    Row("quant_speed", "a kvgate replica with int4 weights (32-weight groups, bf16 compute) vs "
+        + LLAMACPP.format(slots="{args[concurrency]}") + ", both 4-bit, {args[threads]} threads each, "
+        "measured in turns",
         ("decode tok/s c=1 ×{int4_c1_vs_llamacpp}", "c=16 ×{int4_c16_vs_llamacpp}")),
-    Row("priority", lambda d: (
-        "kvgate engine, interactive requests arriving in a batch flood: priority vs FCFS scheduling"),
+    Row("priority", "kvgate engine, interactive requests arriving in a batch flood: priority vs FCFS "
+        "scheduling",
         ("interactive TTFT p99 ×{interactive_ttft_p99_ratio} ({interactive_ttft_p99_ms[priority]} vs "
          "{interactive_ttft_p99_ms[fcfs]} ms)", "batch throughput ×{batch_throughput_ratio}")),
-    Row("eviction", lambda d: (
-        f"{args(d).get('requests')} requests on a {args(d).get('kv_blocks')}-block KV pool "
-        f"({args(d).get('model')} model): kvgate eviction with a pinned prefix vs plain LRU"),
+    Row("eviction", "{args[requests]} requests on a {args[kv_blocks]}-block KV pool ({args[model]} "
+        "model): kvgate eviction with a pinned prefix vs plain LRU",
         ("pinned prefix hit rate {valuable_prefix_hit_kvgate} vs {valuable_prefix_hit_lru}",
          "overall hit rate ×{overall_hit_ratio_vs_lru}")),
-    Row("structured_output", lambda d: (
-        f"kvgate engine ({args(d).get('model')} model), JSON-schema-constrained vs free decoding, "
-        "same engine and weights"),
+    Row("structured_output", "kvgate engine ({args[model]} model), JSON-schema-constrained vs free "
+        "decoding, same engine and weights",
         ("tok/s ×{json_schema_ratio_c1} at c=1", "×{json_schema_ratio_c16} at c=16",
          "{args[properties]}-property schema compiled in {compile_ms} ms")),
-    Row("tensor_parallel", lambda d: (
-        f"the {d['summary'].get('model')} model on {d['summary'].get('device')}, same fp32 weights: "
-        "tensor parallelism over 2 ranks (gloo on CPU) vs 1"),
+    Row("tensor_parallel", "the {model} model on {device}, same fp32 weights: tensor parallelism over 2 "
+        "ranks (gloo on CPU) vs 1",
         ("decode step, 8 sequences: {tp2[decode_8][step_ms]} vs {tp1[decode_8][step_ms]} ms",
          "{tp2[decode_8][collectives]} collectives a step", "same tokens: {tp2[tokens_match]}")),
-    Row("pd_disagg", lambda d: (
-        f"{args(d).get('model')} model, 2 replicas: prefill and decode on separate replicas vs colocated, "
-        "same requests"),
+    Row("pd_disagg", "{args[model]} model, 2 replicas: prefill and decode on separate replicas vs "
+        "colocated, same requests",
         ("decode ITL p99 ×{itl_p99_ratio}", "throughput ×{throughput_ratio}", "TTFT p99 ×{ttft_p99_ratio}",
          "goodput ×{goodput_ratio}")),
-    Row("reliability_report", lambda d: (
-        f"local clusters of tiny-model replicas under replica and state faults, bad input, schema fuzzing "
-        f"and a {d['results'].get('soak_s', 0):.0f}-s soak: pass or fail, no baseline"),
+    Row("reliability_report", "local clusters of tiny-model replicas under replica and state faults, bad "
+        "input, schema fuzzing and a {results[soak_s]:.0f}-s soak: pass or fail, no baseline",
         ("{requests_lost} requests lost", "{scenarios_passed} of {scenarios_total} scenarios passed",
          "fuzzing 5xx {fuzz_5xx}", "soak RSS growth {rss_growth_mb} MB")),
-    Row("gpu_check", lambda d: (
-        "one GPU: kvgate's Triton kernels natively, their bandwidth vs the GPU's peak, kvgate vs "
-        "transformers `generate` in the same dtype and batch"),
+    Row("gpu_check", "one GPU: kvgate's Triton kernels natively, their bandwidth vs the GPU's peak, "
+        "kvgate vs transformers `generate` in the same dtype and batch",
         ("decode attention at {decode_attn_bw_fraction} of peak bandwidth",
          "kvgate ×{engine_vs_hf} transformers", "kernel tests passed: {kernel_tests_passed}")),
 )
