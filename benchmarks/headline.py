@@ -37,7 +37,7 @@ def figure(template: str, doc: dict) -> str | None:
     fields = {**doc["summary"], "args": doc["results"].get("args") or {}, "results": doc["results"]}
     try:
         return _Figures().vformat(template, (), fields)
-    except (KeyError, IndexError, TypeError):
+    except (KeyError, IndexError, TypeError, ValueError):
         return None
 
 
