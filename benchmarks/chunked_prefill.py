@@ -16,6 +16,7 @@ import time
 from backend_engine.config import EngineConfig
 from backend_engine.engine import LLMEngine
 from backend_engine.sampling_params import SamplingParams
+from benchmarks import results_file
 from benchmarks.workloads import token_prompts
 
 
@@ -68,8 +69,12 @@ def main() -> None:
     print(f"chunked ({args.chunk}/step): p99 ITL {p99_chunked * 1000:7.1f} ms, "
           f"{tput_chunked:7.1f} tok/s")
     print(f"unchunked          : p99 ITL {p99_whole * 1000:7.1f} ms, {tput_whole:7.1f} tok/s")
-    print(json.dumps({"p99_itl_ratio": round(p99_chunked / p99_whole, 3),
-                      "throughput_ratio": round(tput_chunked / tput_whole, 3)}))
+    summary = {"p99_itl_ratio": round(p99_chunked / p99_whole, 3),
+               "throughput_ratio": round(tput_chunked / tput_whole, 3)}
+    print(json.dumps(summary))
+    results_file.write("chunked_prefill", summary, {
+        "args": vars(args), "chunked": {"p99_itl_ms": round(p99_chunked * 1000, 1), "tok_s": round(tput_chunked, 1)},
+        "whole": {"p99_itl_ms": round(p99_whole * 1000, 1), "tok_s": round(tput_whole, 1)}})
 
 
 if __name__ == "__main__":

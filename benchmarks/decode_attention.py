@@ -23,6 +23,7 @@ from backend_engine.accel.compile import Compiled
 from backend_engine.accel.paged_decode import paged_decode
 from backend_engine.attention.metadata import AttentionMetadata
 from backend_engine.attention.torch_backend import TorchAttention
+from benchmarks import results_file
 from benchmarks.mixed_step import best_of
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f", FlexAttention {result['flex_ms']} (+{result['flex_mask_ms']} ms to build its "
              "mask)" if "flex_ms" in result else ""))
     print(json.dumps(result))
+    results_file.write("decode_attention", result, {"args": vars(args)}, argv=argv)
     return 0
 
 

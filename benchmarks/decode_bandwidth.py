@@ -14,6 +14,7 @@ import json
 import torch
 
 from backend_engine.accel.cuda.decode_attention import paged_decode_attention
+from benchmarks import results_file
 
 # Published peak bandwidth (GB/s) for devices whose properties lack the memory clock/bus width.
 KNOWN_PEAK_GB_S = {"H200": 4800, "H100 SXM": 3350, "H100 NVL": 3900, "H100 PCIe": 2000,
@@ -108,7 +109,9 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_bandwidth needs a CUDA GPU")
-    print(json.dumps(run(getattr(torch, args.dtype))))
+    result = run(getattr(torch, args.dtype))
+    print(json.dumps(result))
+    results_file.write("decode_bandwidth", result, {"args": vars(args)})
 
 
 if __name__ == "__main__":

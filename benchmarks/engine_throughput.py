@@ -21,6 +21,7 @@ import torch
 from backend_engine.llm import LLM
 from backend_engine.model_loader import default_gguf_path, resolve_model
 from backend_engine.sampling_params import SamplingParams
+from benchmarks import results_file
 from benchmarks.workloads import token_prompts
 
 
@@ -134,6 +135,9 @@ def main() -> None:
         result.update(llamacpp_tok_s=round(llamacpp, 1),
                       speedup_vs_llamacpp=round(ours / llamacpp, 2))
     print(json.dumps(result))
+    variant = [v for v in (args.quantization, args.dtype if args.dtype != "float32" else None) if v]
+    results_file.write("engine_throughput", result, {"args": vars(args)},
+                       name="_".join(["engine_throughput", *variant]))
 
 
 if __name__ == "__main__":

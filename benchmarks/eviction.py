@@ -3,8 +3,8 @@
 A small KV pool serves a seeded stream of requests: mostly one-off prompts (never seen again),
 some moderately shared prefixes (a Zipf-like popularity over a handful of them), and a long
 valuable system prompt used only every ~N requests. The same stream runs on three engines:
-plain LRU without pins; the scan-resistant segmented LRU (`slru`) without pins; and slru with
-the valuable prefix pinned through the admin path (a prefill-only warm-up, then a pin).
+plain LRU without pins; segmented LRU (slru, scan-resistant) without pins; and slru with the
+valuable prefix pinned through the admin path (a prefill-only warm-up, then a pin).
 Hit rate = prompt tokens the engine served from its prefix cache over prompt tokens sent.
 Prints a table, then one line of JSON.
 """
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from backend_engine.async_engine import AsyncLLMEngine
 from backend_engine.config import EngineConfig
 from backend_engine.sampling_params import SamplingParams
+from benchmarks import results_file
 
 VALUABLE, SHARED, ONE_OFF = "valuable", "shared", "one-off"
 
@@ -153,9 +154,13 @@ def main() -> None:
         print(f"{label:<16} {t.valuable_hit:>12.3f} {t.shared_hit:>10.3f} {t.hit_ratio:>11.3f} "
               f"{cap['pinned_blocks']:>6}/{cap['max_pinned_blocks']:<6}")
     lru, pinned = rows["lru"][0], rows["slru + pin"][0]
-    print(json.dumps({"valuable_prefix_hit_lru": round(lru.valuable_hit, 3),
-                      "valuable_prefix_hit_slru_pin": round(pinned.valuable_hit, 3),
-                      "overall_hit_ratio_vs_lru": round(pinned.hit_ratio / lru.hit_ratio, 3)}))
+    summary = {"valuable_prefix_hit_lru": round(lru.valuable_hit, 3),
+               "valuable_prefix_hit_slru_pin": round(pinned.valuable_hit, 3),
+               "overall_hit_ratio_vs_lru": round(pinned.hit_ratio / lru.hit_ratio, 3)}
+    print(json.dumps(summary))
+    table = {label: {"valuable_hit": round(t.valuable_hit, 3), "shared_hit": round(t.shared_hit, 3),
+                     "overall_hit": round(t.hit_ratio, 3), **cap} for label, (t, cap) in rows.items()}
+    results_file.write("eviction", summary, {"args": vars(args), "engines": table})
 
 
 if __name__ == "__main__":

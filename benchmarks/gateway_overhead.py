@@ -24,6 +24,7 @@ import time
 
 import httpx
 
+from benchmarks import results_file
 from gateway.pool import LeanTransport
 
 FIXTURE_MODEL = "fixture-model"
@@ -254,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     detail = {"rate": args.rate, "duration_s": args.duration, "cpus": os.cpu_count(), **results}
     print(json.dumps(detail))
     worst = max(results.values(), key=lambda r: r["added_p99_ms"])
-    print(json.dumps({"added_p50_ms": round(max(r["added_p50_ms"] for r in results.values()), 3),
-                      "added_p99_ms": round(worst["added_p99_ms"], 3), "max_rps": round(max_rps, 1)}))
+    summary = {"added_p50_ms": round(max(r["added_p50_ms"] for r in results.values()), 3),
+               "added_p99_ms": round(worst["added_p99_ms"], 3), "max_rps": round(max_rps, 1)}
+    print(json.dumps(summary))
+    results_file.write("gateway_overhead", summary, {"args": vars(args), **detail}, argv=argv)
     return 0
 
 

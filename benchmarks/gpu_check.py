@@ -19,6 +19,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from benchmarks import results_file
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGE_SECONDS = {"kernels": 150, "bandwidth": 50, "quant_bandwidth": 50, "engine": 150,
                  "tensor_parallel": 80}
@@ -114,6 +116,7 @@ def main() -> None:
     result.update(kernels, bandwidth=bandwidth, quant_bandwidth=quant, engine=engine,
                   tensor_parallel=tensor_parallel)
     print(json.dumps(result))
+    results_file.write("gpu_check", result, {"args": vars(args)})
 
 
 if __name__ == "__main__":

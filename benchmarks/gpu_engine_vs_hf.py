@@ -13,6 +13,7 @@ import torch
 from backend_engine.llm import LLM
 from backend_engine.model_loader import resolve_model
 from backend_engine.sampling_params import SamplingParams
+from benchmarks import results_file
 from benchmarks.workloads import token_prompts
 
 
@@ -75,9 +76,11 @@ def main() -> None:
     prompts = token_prompts(tokenizer, args.requests, args.prompt_tokens)
     ours = engine_tok_s(prompts, args.new_tokens, args.concurrency, args.dtype)
     theirs = hf_tok_s(prompts, args.new_tokens, args.concurrency, getattr(torch, args.dtype))
-    print(json.dumps({"engine_tok_s": round(ours, 1), "hf_tok_s": round(theirs, 1),
-                      "engine_vs_hf": round(ours / theirs, 2), "requests": args.requests,
-                      "concurrency": args.concurrency, "dtype": args.dtype}))
+    summary = {"engine_tok_s": round(ours, 1), "hf_tok_s": round(theirs, 1),
+               "engine_vs_hf": round(ours / theirs, 2), "requests": args.requests,
+               "concurrency": args.concurrency, "dtype": args.dtype}
+    print(json.dumps(summary))
+    results_file.write("gpu_engine_vs_hf", summary, {"args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ import os
 import socket
 import time
 
+from benchmarks import results_file
+
 BLOCK_BYTES = 16 * 30 * 2 * 3 * 64 * 4
 
 
@@ -134,9 +136,10 @@ def main() -> None:
                          "gb_per_s": round(total / best / 1e9, 3)}
         print(f"{name:6s} {total / 1e6:8.1f} MB in {best * 1e3:7.1f} ms best "
               f"({results[name]['gb_per_s']:.2f} GB/s), median {results[name]['median_s'] * 1e3:.1f} ms")
-    print(json.dumps({"bytes": total, "block_bytes": BLOCK_BYTES, "chunk_blocks": args.chunk_blocks,
-                      **results,
-                      "zmq_over_gloo": round(results["pyzmq"]["gb_per_s"] / results["gloo"]["gb_per_s"], 3)}))
+    summary = {"bytes": total, "block_bytes": BLOCK_BYTES, "chunk_blocks": args.chunk_blocks, **results,
+               "zmq_over_gloo": round(results["pyzmq"]["gb_per_s"] / results["gloo"]["gb_per_s"], 3)}
+    print(json.dumps(summary))
+    results_file.write("kv_transfer_transport", summary, {"args": vars(args)})
 
 
 if __name__ == "__main__":

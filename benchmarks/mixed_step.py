@@ -25,6 +25,7 @@ from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
 from backend_engine.config import EngineConfig
 from backend_engine.model_loader import resolve_model
 from backend_engine.model_runner import ModelRunner
+from benchmarks import results_file
 
 
 def build_step(runner: ModelRunner, decodes: int, lo: int, hi: int, chunk: int, cached: int,
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.decodes} decodes over {context} context tokens, a {args.chunk}-token chunk "
           f"after {args.cached}); eager decode attention {result['eager_attention_ms']} ms")
     print(json.dumps(result))
+    results_file.write("mixed_step", result, {"args": vars(args)}, argv=argv)
     return 0
 
 

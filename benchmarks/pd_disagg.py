@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import results_file
 from benchmarks.serve_bench_client import LoadClient, LoadSpec, RequestResult
 from benchmarks.serve_bench_cluster import _free_base_port
 from benchmarks.serve_bench_stats import percentile
@@ -181,12 +182,15 @@ def main() -> None:
             summaries[label] = asyncio.run(run_one(cluster, jobs, args, label))
         print(fmt(summaries[label]), flush=True)
     co, pd = summaries["colocated"], summaries["pd"]
-    print(json.dumps({
+    summary = {
         "itl_p99_ratio": _ratio(pd["itl_p99_s"], co["itl_p99_s"]),
         "throughput_ratio": _ratio(pd["output_tok_per_s"], co["output_tok_per_s"]),
         "ttft_p99_ratio": _ratio(pd["ttft_p99_s"], co["ttft_p99_s"]),
         "goodput_ratio": _ratio(pd["goodput_req_per_s"], co["goodput_req_per_s"]),
-        "colocated": co, "pd": pd, "model": args.model, "duration_s": args.duration}))
+        "colocated": co, "pd": pd, "model": args.model, "duration_s": args.duration}
+    print(json.dumps(summary))
+    results_file.write("pd_disagg", summary, {"args": vars(args)},
+                       name="pd_disagg_quick" if args.quick else None)
 
 
 async def _model_id(cluster: Cluster) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from gateway.prefix_advice import PrefixAdvisor
 from gateway.tokenizer import LocalTokenizer
+from benchmarks import results_file
 from routing.hashing import block_hashes, namespace_for
 
 WORDS = ("policy section answer cite never guess customer order refund parcel account plan "
@@ -95,6 +96,7 @@ def main() -> None:
             print(f"{name:<10} {len(prompts[0]):>7} {advise:>10.1f} {hashing:>8.1f} "
                   f"{advise / hashing:>6.2f} {active:>7}")
     print(json.dumps(results))
+    results_file.write("prefix_advice", results, {"args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import time
 from backend_engine.engine import LLMEngine
 from backend_engine.config import EngineConfig
 from backend_engine.sampling_params import SamplingParams
+from benchmarks import results_file
 from benchmarks.workloads import token_prompts
 
 
@@ -50,14 +51,16 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=1000)
     ap.add_argument("--requests", type=int, default=16)
     args = ap.parse_args()
-    result = {}
+    result, ttft_ms = {}, {}
     for share in (0.6, 0.8):
         on, off = measure(share, args.prompt_tokens, args.requests)
         key = f"ttft_ratio_{int(share * 100)}"
         result[key] = round(on / off, 3)
+        ttft_ms[key] = {"cached": round(on * 1000, 1), "uncached": round(off * 1000, 1)}
         print(f"shared {share:.0%}: TTFT cached {on * 1000:7.1f} ms, uncached {off * 1000:7.1f} ms"
               f" → ratio {on / off:.3f}")
     print(json.dumps(result))
+    results_file.write("prefix_cache", result, {"args": vars(args), "ttft_p50_ms": ttft_ms})
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from backend_engine.async_engine import AsyncLLMEngine
 from backend_engine.config import EngineConfig
 from backend_engine.sampling_params import SamplingParams
+from benchmarks import results_file
 from benchmarks.workloads import token_prompts
 
 
@@ -140,7 +141,7 @@ def main() -> None:
     for r in results:
         print(row(r))
     fcfs, prio = results
-    print(json.dumps({
+    summary = {
         "interactive_ttft_p99_ratio": round(percentile(prio.interactive_ttft_s, .99)
                                             / percentile(fcfs.interactive_ttft_s, .99), 3),
         "batch_throughput_ratio": round(prio.batch_tok_s / fcfs.batch_tok_s, 3),
@@ -148,7 +149,9 @@ def main() -> None:
                                     for r in results},
         "batch_tok_s": {r.policy: round(r.batch_tok_s, 1) for r in results},
         "preemptions": {r.policy: r.preemptions for r in results},
-    }))
+    }
+    print(json.dumps(summary))
+    results_file.write("priority", summary, {"args": vars(args)})
 
 
 if __name__ == "__main__":

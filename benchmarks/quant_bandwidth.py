@@ -11,6 +11,7 @@ import torch
 
 from backend_engine.accel.cuda.quant_matmul import int4_matmul, int8_matmul
 from backend_engine.quant.formats import quantize_int4, quantize_int8
+from benchmarks import results_file
 from benchmarks.decode_bandwidth import _time_ms, copy_bandwidth_gb_s, peak_bandwidth_gb_s
 
 N, K, GROUP = 8192, 8192, 32
@@ -42,6 +43,7 @@ def main() -> None:
         result["quant_decode_bw_fraction"] = max(result["int4_rows1_gb_s"],
                                                  result["int8_rows1_gb_s"]) / peak
     print(json.dumps(result))
+    results_file.write("quant_bandwidth", result)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from backend_engine.accel.cpu import int8_sums, template, tiles
 from backend_engine.accel.cpu import kernels as cpu
 from backend_engine.quant.formats import quantize_int4, quantize_int8
+from benchmarks import results_file
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: qkv, o, gate_up, down
 ROWS = (1, 16, 64, 256, 512)
@@ -75,6 +76,7 @@ def main() -> None:
                round(table[f"{name.split()[0]} kernel"][rows] / table[name][rows], 2)
                for name in forms if name.split()[1] in suffix for rows in ROWS}
     print(json.dumps(speedup))
+    results_file.write("quant_prompt_rows", speedup, {"args": vars(args), "us_per_layer": table})
 
 
 if __name__ == "__main__":

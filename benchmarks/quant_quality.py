@@ -32,6 +32,7 @@ from backend_engine.llm import LLM
 from backend_engine.model_loader import resolve_model
 from backend_engine.accel.cpu import template as cpu_template
 from backend_engine.sampling_params import SamplingParams
+from benchmarks import results_file
 
 TEXT = Path(__file__).resolve().parent.parent / "tests/backend_engine/quant/data/evaluation_text.txt"
 CHUNK = 512
@@ -172,6 +173,7 @@ def main() -> None:
             summary[f"{key}_greedy_agreement"] = round(by[fmt]["agreement"], 4)
             summary[f"{key}_greedy_prefix"] = round(by[fmt]["prefix"], 4)
     print(json.dumps(summary))
+    results_file.write("quant_quality", summary, {"args": vars(args)})
 
 
 if __name__ == "__main__":

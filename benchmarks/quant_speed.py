@@ -33,6 +33,7 @@ from contextlib import ExitStack
 
 import httpx
 
+from benchmarks import results_file
 from benchmarks.quant_quality import TEXT, weight_bytes
 from benchmarks.serve_bench_client import open_stream
 
@@ -197,6 +198,7 @@ def main() -> None:
             summary[f"{key}_c1_vs_llamacpp"] = round(row["c1_tok_s"] / ll["c1_tok_s"], 3)
             summary[f"{key}_c16_vs_llamacpp"] = round(row["c16_tok_s"] / ll["c16_tok_s"], 3)
     print(json.dumps(summary))
+    results_file.write("quant_speed", summary, {"args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from benchmarks import results_file
 from benchmarks.reliability import pool_exhaustion
 from benchmarks.reliability.bad_input import bad_input
 from benchmarks.reliability.cluster import MAX_BODY_BYTES, ClusterSpec, LocalCluster
@@ -116,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.details, "w") as f:
             json.dump([{"name": r.name, "checks": r.checks, "notes": r.notes, "rss_growth_mb": r.rss_growth_mb}
                        for r in results], f, indent=1, default=str)
-    print(json.dumps(summary(results)))
+    figures = summary(results)
+    print(json.dumps(figures))
+    scenarios = [{"name": r.name, "passed": r.passed, "sent": r.sent, "succeeded": r.succeeded,
+                  "failed": r.failed, "lost": r.lost, "failed_checks": r.failed_checks()} for r in results]
+    results_file.write("reliability_report", figures,
+                       {"args": vars(args), "soak_s": soak_s, "fuzz_examples": examples, "scenarios": scenarios},
+                       argv=argv, name="reliability_report_quick" if args.quick else None)
     return 0 if all(r.passed for r in results) else 1
 
 

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 
+from benchmarks import results_file
 from routing.hashing import block_hashes
 from routing.redis_store import RedisStore
 from routing.router import Router
@@ -128,10 +129,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="routing decision latency")
     parser.add_argument("--requests", type=int, default=2000)
     args = parser.parse_args(argv)
-    print(json.dumps(bench_memory(args.requests)))
+    summary = {"memory": bench_memory(args.requests)}
+    print(json.dumps(summary["memory"]))
     result = bench_redis(args.requests)
     if result is not None:
+        summary["redis"] = result
         print(json.dumps(result))
+    results_file.write("routing_latency", summary, {"args": vars(args), "prompt_tokens": PROMPT_TOKENS,
+                                                    "replicas": REPLICAS}, argv=argv)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ import argparse
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks import results_file
 from benchmarks import sim_workloads as wl
 from benchmarks.sim_engine import SimResult, simulate
 from benchmarks.sim_foreign import run_foreign
@@ -153,6 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
         summary = run_foreign(foreign_workloads(args), args.replicas, args.seed, args.block_size)
         print(f"\nelapsed {time.perf_counter() - started:.1f}s")
         print(json.dumps(summary))
+        results_file.write("routing_sim", summary, {"args": vars(args)}, argv=argv,
+                           name="routing_sim_foreign")
         return summary
     policies = list(REGISTRY)
     all_results = {}
@@ -176,6 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print(f"\nelapsed {time.perf_counter() - started:.1f}s")
     print(json.dumps(summary))
+    workloads = {key: {"pooled_upper_bound": upper, "runs": [asdict(r) for r in results]}
+                 for key, (upper, results) in all_results.items()}
+    results_file.write("routing_sim", summary, {"args": vars(args), "workloads": workloads}, argv=argv)
     return summary
 
 

@@ -24,9 +24,10 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks import results_file
 from benchmarks.serve_bench_client import LoadClient, LoadSpec, RequestResult, discover_model
 from benchmarks.serve_bench_stats import (Summary, format_summary, gateway_replicas, replica_counters,
                                           summarize)
@@ -120,10 +121,13 @@ def run_endpoint(args: argparse.Namespace) -> int:
             {"group": r.group, "start": r.start, "ok": r.ok, "ttft": r.ttft, "e2e": r.e2e, "tpot": r.tpot,
              "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
              "completion_tokens": r.completion_tokens, "error": r.error} for r in results]}))
-    print(json.dumps({"workload": args.workload, "req_per_s": round(summary.req_per_s, 3),
-                      "ttft_p50_ms": _ms(summary.ttft["p50"]), "ttft_p99_ms": _ms(summary.ttft["p99"]),
-                      "tpot_p50_ms": _ms(summary.tpot["p50"]), "cached_ratio": round(summary.cached_ratio, 3),
-                      "errors": summary.errors}))
+    line = {"workload": args.workload, "req_per_s": round(summary.req_per_s, 3),
+            "ttft_p50_ms": _ms(summary.ttft["p50"]), "ttft_p99_ms": _ms(summary.ttft["p99"]),
+            "tpot_p50_ms": _ms(summary.tpot["p50"]), "cached_ratio": round(summary.cached_ratio, 3),
+            "errors": summary.errors}
+    print(json.dumps(line))
+    results_file.write("serve_bench", line, {"args": vars(args), "run": summary.to_dict()},
+                       name="serve_bench_endpoint")
     return 0 if summary.ok else 1
 
 
@@ -223,8 +227,10 @@ def compare_policies(args: argparse.Namespace) -> int:
                   f"cold start, all requests sent): {bound:.3f}. Wall time {time.monotonic() - t_start:.0f} s.")
     md = markdown(command, setup_text, summaries, headline, plot_paths)
     (RESULTS / f"{prefix}.md").write_text(md)
-    (RESULTS / f"{prefix}.json").write_text(json.dumps({"headline": headline,
-                                                        "runs": [s.to_dict() for s in summaries]}, indent=1))
+    results_file.write("serve_bench", headline, {
+        "args": vars(args), "replicas": setup.replicas, "num_kv_blocks": setup.num_kv_blocks,
+        "workload": asdict(wp), "concurrency": setup.concurrency, "duration_s": setup.duration_s,
+        "cached_ratio_bound": round(bound, 3), "runs": [s.to_dict() for s in summaries]}, name=prefix)
     print(f"report: {RESULTS / (prefix + '.md')}; plots: {', '.join(str(p) for p in plot_paths)}")
     print(json.dumps(headline))
     return 0

@@ -28,7 +28,7 @@ async def open_stream(client: httpx.AsyncClient, url: str,
     connection turns out to have been closed by the server before it answered (httpx:
     RemoteProtocolError "Server disconnected without sending a response"): llama-server
     closes its connections after a few requests, and a client reusing one in that instant lost
-    the request (quant_speed lost its llama.cpp row to it, 2026-12-01)."""
+    the request."""
     response = None
     for attempt in (1, 2):
         try:

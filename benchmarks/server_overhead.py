@@ -26,6 +26,8 @@ import time
 
 import httpx
 
+from benchmarks import results_file
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         "model": args.model,
     }
     print(json.dumps(summary), flush=True)
+    results_file.write("server_overhead", summary, {"args": vars(args)}, argv=argv)
     return summary
 
 

@@ -16,6 +16,7 @@ import time
 from backend_engine.chat import render_chat
 from backend_engine.llm import LLM
 from backend_engine.sampling_params import SamplingParams
+from benchmarks import results_file
 
 PASSAGES = [
     "The harbour town woke slowly. Fishing boats came back before sunrise, gulls followed them "
@@ -120,6 +121,8 @@ def main() -> None:
     ordered.update({k: v for k, v in result.items() if k not in ordered})
     ordered["dtype"] = args.dtype
     print(json.dumps(ordered))
+    results_file.write("spec_decode", ordered, {"args": vars(args)},
+                       name="spec_decode" if args.dtype == "float32" else f"spec_decode_{args.dtype}")
 
 
 if __name__ == "__main__":

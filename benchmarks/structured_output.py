@@ -22,6 +22,7 @@ from backend_engine.chat import render_chat
 from backend_engine.llm import LLM
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.structured import StructuredOutputsParams
+from benchmarks import results_file
 
 KINDS = ["string", "integer", "boolean", "number", "enum"]
 
@@ -127,10 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"c={concurrency:<2} free {row['free_tok_s']:7.1f} tok/s   json_schema "
               f"{row['json_schema_tok_s']:7.1f} tok/s   ratio {row['ratio']:.3f}   mean tokens "
               f"{row['mean_tokens']}   mask fill {row['mask_fill_ms_per_step']} ms/step", flush=True)
-    print(json.dumps({"json_schema_ratio_c1": rows[0]["ratio"],
-                      "json_schema_ratio_c16": rows[1]["ratio"],
-                      "compile_ms": round(median, 2), "first_compile_ms": round(first, 1),
-                      "runs": rows}))
+    summary = {"json_schema_ratio_c1": rows[0]["ratio"], "json_schema_ratio_c16": rows[1]["ratio"],
+               "compile_ms": round(median, 2), "first_compile_ms": round(first, 1), "runs": rows}
+    print(json.dumps(summary))
+    results_file.write("structured_output", summary, {"args": vars(args)}, argv=argv)
     return 0
 
 

@@ -29,6 +29,7 @@ from backend_engine.model_loader import resolve_model
 from backend_engine.process_env import cache_root
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.step_batch import StepBatch
+from benchmarks import results_file
 
 BENCH_MODEL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
@@ -222,6 +223,7 @@ def main() -> None:
         report["collectives_alone"] = collectives(config.vocab_size, config.hidden_size, args.reps)
         print("collectives alone (2 gloo ranks, µs):", report["collectives_alone"], flush=True)
     print(json.dumps(report))
+    results_file.write("tensor_parallel", report, {"args": vars(args)})
 
 
 if __name__ == "__main__":

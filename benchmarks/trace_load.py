@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import results_file
 from benchmarks.serve_bench_client import LoadClient, LoadSpec, discover_model
 from benchmarks.serve_bench_workloads import Job
 from benchmarks.trace_load_report import SLO, ServerFigures, figures, plot, table
@@ -144,16 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     result = headline(rows.get("kvgate"), rows.get("llamacpp"), len(jobs))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.trace_load " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = results_file.command("trace_load", argv)
     png = plot(out.with_suffix(".png"), runs, args.window_s)
     md = (f"# trace_load\n\n`{command}`\n\n{len(jobs)} requests of `{args.trace}`, "
           f"{args.speedup}x, window {args.window_s:.0f} s, SLO TTFT <= {slo.ttft_s} s and mean "
           f"ITL <= {slo.mean_itl_s * 1000:.0f} ms\n\n{table(list(rows.values()))}\n\n"
           f"![plot]({png.name})\n")
     out.with_suffix(".md").write_text(md)
-    out.with_suffix(".json").write_text(json.dumps(
-        {"command": command, "servers": {k: v.to_dict() for k, v in rows.items()},
-         "headline": result}, indent=1))
+    results_file.write("trace_load", result, {"args": vars(args), "engine": engine_flags(args),
+                                              "servers": {k: v.to_dict() for k, v in rows.items()}},
+                       argv=argv, path=out.with_suffix(".json"))
     print(table(list(rows.values())))
     print(json.dumps(result))
     return 0

@@ -4,7 +4,8 @@ The pages under `reference/cli/` come from the argparse parsers of `kvgate engin
 `kvgate gateway` and `kvgate up` (`kvgate.cli.build_parser()`), and those under
 `reference/config/` from the config dataclasses and the comments beside their fields. Nothing
 here lists a flag or a key, so a flag added to a parser is in the next build's reference.
-The benchmark plots in `benchmarks/results/` are served as `benchmarks/plots/`.
+The benchmark plots in `benchmarks/results/` are served as `benchmarks/plots/`, the results
+files as `benchmarks/results/`, listed on a generated page, `benchmarks/results-files.md`.
 
     python docs/hooks/reference.py OUT_DIR      # write the same pages to a folder, to read them
 """
@@ -262,6 +263,11 @@ def on_files(files, config):  # noqa: ANN001, ANN201 - MkDocs' hook signature
         files.append(File.generated(config, path, content=markdown))
     for png in sorted(PLOTS.glob("*.png")):
         files.append(File.generated(config, f"benchmarks/plots/{png.name}", abs_src_path=str(png)))
+    from benchmarks.headline import results_index
+
+    files.append(File.generated(config, "benchmarks/results-files.md", content=results_index(PLOTS)))
+    for result in sorted(PLOTS.glob("*.json")):
+        files.append(File.generated(config, f"benchmarks/results/{result.name}", abs_src_path=str(result)))
     return files
 
 
