@@ -6,6 +6,7 @@ async engine drives it from one thread."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -13,6 +14,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from backend_engine.block_pool import BlockPool
 from backend_engine.config import EngineConfig
+from backend_engine.dtype import resolve_dtype
 from backend_engine.errors import ContextLengthExceededError, InvalidRequestError
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
@@ -29,15 +31,25 @@ from backend_engine.scheduler import Scheduler
 from backend_engine.sequence import Sequence
 from backend_engine.spec_decode.controller import SpecController
 from backend_engine.spec_decode.proposers import build_proposer
-from backend_engine.step_budget import QueueDrain, StepBudget
+from backend_engine.step_budget import QueueDrain, StepBudget, default_target_itl_ms
 from backend_engine.step_cost import StepCostModel, StepShape
 from backend_engine.structured.manager import StructuredOutputManager
 from routing.hashing import NAMESPACE_RULE, namespace_for
 
 
+def for_device(config: EngineConfig) -> EngineConfig:
+    """The config with its device-dependent defaults decided for `config.device`: dtype "auto"
+    and target_itl_ms None (the device's ITL target)."""
+    itl = config.target_itl_ms
+    return dataclasses.replace(config, dtype=resolve_dtype(config.dtype, config.device),
+                               target_itl_ms=default_target_itl_ms(config.device)
+                               if itl is None else itl)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         config.validate()
+        config = for_device(config)
         self.config = config
         files = resolve_model(config.model, config.quantization)
         self.model_id = config.served_model_name or files.model_id
@@ -87,7 +99,7 @@ class LLMEngine:
                                                   self.eos_token_ids, self.stats)
 
     def _step_budget(self, config: EngineConfig) -> StepBudget | None:
-        if config.target_itl_ms is None:
+        if not config.target_itl_ms:  # 0: a fixed token budget, no latency target
             return None
         from backend_engine.step_calibration import calibrated_model
 
