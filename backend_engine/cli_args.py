@@ -25,7 +25,8 @@ def _json_type(cls: type, config: JsonConfig) -> Callable[[str], dict]:
     return parse
 
 
-def _key_value(text: str) -> tuple[str, str]:
+def key_value(text: str) -> tuple[str, str]:
+    """`--engine-option KEY=VALUE`'s argparse type."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -83,7 +84,7 @@ def _add_flag(group: Any, s: Setting, action: type[argparse.Action] | None) -> N
             group.add_argument(s.meta.off_alias, dest=s.name, action="store_false",
                                help=argparse.SUPPRESS)
     elif s.kind is dict:
-        group.add_argument(*names, action="append", type=_key_value, default=None,
+        group.add_argument(*names, action="append", type=key_value, default=None,
                            metavar=s.meta.metavar or "KEY=VALUE", **common)
     else:
         group.add_argument(*names, type=s.parse_text, default=s.default, action=action,

@@ -40,7 +40,7 @@ class EngineConfig:
                          'file, or "tiny-random[-llama|-qwen2|-mistral]"')
     served_model_name: str | None = setting(
         None, "the id clients use, and the namespace of the block hashes (default: the "
-        "model's name)", via="--served-model-name (its first name)")
+        "model's name)", via="`--served-model-name` (its first name)")
     dtype: str = setting("auto", "weights', activations' and KV cache's dtype; auto: bfloat16 "
                          "where the device computes it natively (CUDA with bf16, CPUs with "
                          "AVX512-BF16 or AMX), else float32 (float16 on older CUDA GPUs)",
@@ -91,8 +91,8 @@ class EngineConfig:
                                       group=EXECUTION)
     quantization_group_size: int = setting(32, "int4 at load: input features per scale and min",
                                            choices=(32, 64, 128), group=EXECUTION)
-    enforce_eager: bool = setting(False, "run eagerly: no compiled graphs (vLLM's "
-                                  "--enforce-eager)")
+    enforce_eager: bool = setting(False, "run eagerly, no compiled graphs (as vLLM's flag of "
+                                  "this name); the plan's other choices stand")
     engine_options: dict[str, str] = setting(
         factory=dict, help="a developer override of the engine's static execution plan, which "
         "picks the code each kind of row runs per device class (backend_engine/accel/plan.py "

@@ -18,7 +18,7 @@ from benchmarks.workloads import token_prompts
 
 def engine_tok_s(prompts: list[list[int]], new_tokens: int, concurrency: int,
                  dtype: str) -> float:
-    llm = LLM("default", device="cuda", dtype=dtype, attention_backend="auto",
+    llm = LLM("default", device="cuda", dtype=dtype,
               max_num_seqs=concurrency, max_num_batched_tokens=4096, kv_cache_memory_gb=4.0)
     if llm.engine.runner.attention.name != "triton":
         raise RuntimeError("the engine did not pick the triton backend on CUDA")

@@ -16,7 +16,7 @@ Prompts are distinct ~110-token windows of the evaluation text (no prefix-cache 
 activation dtype). Both servers run their OpenMP workers with libgomp's default spin (each has
 the cores to itself; `--omp-spin-count` changes kvgate's). The quantised rows' lm_head is the
 default w8a8 (int8 weights times int8 activations, as llama.cpp computes its Q8_0 output);
-`int4-lm8` is int4 with `--lm-head-quantization int8` (weight-only), `int4-lm4` with `int4`.
+`int4-lm8` is int4 with `--engine-option lm_head=int8` (weight-only), `int4-lm4` with `int4`.
 Ends with one line of JSON with int4_c1_vs_llamacpp and int4_c16_vs_llamacpp (and the
 int4_lm8_ and int4_lm4_ ones).
 """
@@ -39,8 +39,8 @@ from benchmarks.serve_bench_client import open_stream
 FORMATS = {"fp32": dict(dtype="float32"), "bf16": dict(dtype="bfloat16"),
            "int8": dict(dtype="bfloat16", quantization="int8"),
            "int4": dict(dtype="bfloat16", quantization="int4"),
-           "int4-lm8": dict(dtype="bfloat16", quantization="int4", lm_head_quantization="int8"),
-           "int4-lm4": dict(dtype="bfloat16", quantization="int4", lm_head_quantization="int4")}
+           "int4-lm8": dict(dtype="bfloat16", quantization="int4", engine_options={"lm_head": "int8"}),
+           "int4-lm4": dict(dtype="bfloat16", quantization="int4", engine_options={"lm_head": "int4"})}
 PROMPT_TOKENS, LONG_PROMPT_TOKENS = 110, 1000
 
 
@@ -132,7 +132,7 @@ def kvgate_replica(name: str, flags: dict, args, stack: ExitStack, say) -> tuple
     # no admission bound: a shared, loaded machine must slow the run down, not refuse it
     engine = {"dtype": flags["dtype"], "max_num_seqs": 32, "num_kv_blocks": 2048,
               "max_queue_delay_s": 3600,
-              **{k: v for k, v in flags.items() if k == "lm_head_quantization"}}
+              **{k: v for k, v in flags.items() if k == "engine_options"}}
     # each server has the cores to itself: kvgate's workers spin as long as llama-server's
     os.environ["GOMP_SPINCOUNT"] = str(args.omp_spin_count)
     config = UpConfig(model="default", replicas=1, gateways=0, num_threads=args.threads,

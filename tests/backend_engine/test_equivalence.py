@@ -34,7 +34,7 @@ def base_llm(case, request):
 
 def _llm(case, **kwargs):
     if case[1] is not None:
-        kwargs["quantized_prefill"] = "dequant"
+        kwargs["engine_options"] = {"prompt": "tiles"}
     return LLM(case[0], quantization=case[1], **kwargs)
 
 

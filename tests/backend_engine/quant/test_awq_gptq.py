@@ -88,8 +88,8 @@ def test_a_flag_that_contradicts_the_checkpoint_names_both(tmp_path):
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 @pytest.mark.parametrize("lm_head", ["w8a8", "int8", "int4"])
 def test_a_quantised_lm_head_takes_the_asked_format(quantization, lm_head):
-    llm = LLM("tiny-random", quantization=quantization, lm_head_quantization=lm_head,
-              num_kv_blocks=16, compile_layers="off", compile_attention="off")
+    llm = LLM("tiny-random", quantization=quantization, num_kv_blocks=16,
+              engine_options={"lm_head": lm_head, "compiled": "off"})
     model = llm.engine.runner.model
     assert model.layers[0].qkv_weight.kind == f"{quantization}_cpu"
     assert model.lm_head.kind == f"{lm_head}_cpu"
@@ -101,5 +101,5 @@ def test_a_quantised_lm_head_takes_the_asked_format(quantization, lm_head):
 
 
 def test_an_unknown_lm_head_format_is_refused():
-    with pytest.raises(ValueError, match="lm_head_quantization"):
-        LLM("tiny-random", quantization="int4", lm_head_quantization="int2")
+    with pytest.raises(ValueError, match="lm_head"):
+        LLM("tiny-random", quantization="int4", engine_options={"lm_head": "int2"})

@@ -26,7 +26,7 @@ def fp32_ppl(default_llm, ids):
 def test_quantised_perplexity_stays_within_bound(ids, fp32_ppl, quantization, bound):
     # prompt rows only: eager layers, so the build skips compiling a decode step never run
     llm = LLM(str(resolve_model("default").folder), num_kv_blocks=16, quantization=quantization,
-              compile_layers="off")
+              engine_options={"compiled": "off"})
     with torch.inference_mode():
         ratio = perplexity(llm.engine.runner.model, ids) / fp32_ppl
     assert 1 / bound < ratio <= bound, ratio
