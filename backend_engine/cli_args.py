@@ -16,6 +16,7 @@ from typing import Any
 from backend_engine.cli_fields import (JsonConfig, Setting, SettingError, expand_json,
                                        json_configs, json_fields, json_text, settings)
 
+
 def _json_type(cls: type, config: JsonConfig) -> Callable[[str], dict]:
     def parse(text: str) -> dict:
         obj = json_text(text)
@@ -156,8 +157,8 @@ def to_argv(classes: Iterable[type], values: Mapping[str, Any]) -> list[str]:
         if s.meta.json is not None:
             objects.setdefault(s.meta.json, {})[s.meta.key or s.name] = value
         elif s.meta.via is not None:
-            raise SettingError(f"{name} has no flag of its own"
-                               + (f"; the command line sets it by {s.meta.via}" if s.meta.via else ""))
+            how = f"; the command line sets it by {s.meta.via}" if s.meta.via else ""
+            raise SettingError(f"{name} has no flag of its own{how}")
         elif s.kind is bool:
             argv.append(s.flag if value else "--no-" + s.flag[2:])
         elif s.kind is dict:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from backend_engine.cli_args import from_mapping
+from backend_engine.cli_args import from_mapping, to_argv
 from backend_engine.cli_fields import SettingError, json_fields
 from backend_engine.config import SPECULATIVE_CONFIG, EngineConfig
 from backend_engine.server.settings import ServerSettings
@@ -126,6 +126,7 @@ class UpConfig:
         engine = {**top, **extra[0]}
         try:
             EngineConfig(**engine).validate()
+            to_argv(REPLICA_SETTINGS, extra[0] | extra[1])  # a setting with no flag of its own
         except ValueError as exc:
             raise ConfigError(f"engine: {exc}") from None
         return {**engine, **extra[1]}

@@ -60,6 +60,8 @@ def test_defaults_without_a_file():
     ("engine:\n  num_speculative_tokens: 3\n", "top-level key `speculative_config`"),
     ("speculative_config: {method: magic}\n", "speculative_config: method: 'magic' is not one of"),
     ("engine: [1]\n", "`engine:` must be a mapping"),
+    ("engine:\n  served_model_name: x\n", "served_model_name has no flag of its own; .*--served-model-name"),
+    ("engine:\n  seed: null\n", "engine: seed: null is not a value here"),
 ])
 def test_bad_config_files_are_refused_with_the_key_named(tmp_path, text: str, message: str):
     path = tmp_path / "up.yaml"
