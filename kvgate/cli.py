@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     """Every flag comes from the fields of EngineConfig and ServerSettings (their defaults,
     help and choices), as vLLM builds its flags from EngineArgs."""
