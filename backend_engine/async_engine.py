@@ -221,7 +221,7 @@ class AsyncLLMEngine:
     def _admit(self, prompt_tokens: int) -> None:
         """Refuse (503 + Retry-After) a request that would wait past max_queue_delay_s."""
         bound = self.config.max_queue_delay_s
-        if bound is None:
+        if not bound:  # None or 0: never refuse
             return
         delay = self.queue_delay_s(prompt_tokens)
         if delay <= bound:

@@ -1,66 +1,144 @@
-"""Engine configuration: one dataclass, resolved against the loaded model at start-up."""
+"""Engine configuration: one dataclass, the only place its defaults live. `LLM(...)` takes its
+fields as keyword arguments and `kvgate engine` builds its flags from them (each field's flag,
+help and choices are declared beside its default: backend_engine/cli_args.py). Values that
+depend on the device ("auto") are resolved when the engine starts. Torch-free."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from backend_engine.cli_fields import JsonConfig, setting
 from backend_engine.free_queue import eviction_policy_name
 
 SCHEDULING_POLICIES = ("priority", "fcfs")
 KV_ROLES = ("both", "prefill", "decode")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8", "int4", "awq", "gptq")
+
+KV_CACHE = "KV cache"
+UNDER_LOAD = "scheduling under load"
+EXECUTION = "execution"
+DEVELOPER = "developer overrides of the execution plan"
+
+SPECULATIVE_CONFIG = JsonConfig(
+    "speculative_config",
+    'speculative decoding, in vLLM\'s keys: \'{"method": "ngram", "num_speculative_tokens": 4, '
+    '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\' or \'{"method": "draft", "model": PATH}\'')
+KV_TRANSFER_CONFIG = JsonConfig(
+    "kv_transfer_config",
+    'prefill/decode disaggregation, in vLLM\'s keys where it has them: \'{"kv_role": '
+    '"kv_producer"}\' on a prefill replica (computes prompts, sends their KV blocks), '
+    '\'{"kv_role": "kv_consumer", "kv_port": 8200}\' on a decode replica (receives them)')
+
+
+def _auto_or_float(text: str) -> float | None:
+    return None if text.strip().lower() == "auto" else float(text)
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str = "default"  # "default" | HF folder | .gguf file | "tiny-random[-llama|-qwen2|-mistral]"
-    served_model_name: str | None = None  # the id clients use; defaults to the model's name
-    dtype: str = "float32"  # "float32" | "bfloat16" | "float16" (weights, activations and KV cache)
-    quantization: str | None = None  # None: the checkpoint's own (awq/gptq) or none | "none" |
-    #   "int8" | "int4" (quantise at load; a GGUF's tensors load directly) | "awq" | "gptq"
-    quantization_group_size: int = 32  # int4 at load: input features per scale/min (32/64/128)
-    device: str = "cpu"  # "cpu" | "cuda"
-    enforce_eager: bool = False  # nothing compiled (vLLM's --enforce-eager): start-up in seconds
-    engine_options: dict[str, str] = field(default_factory=dict)  # developer overrides of the
-    #   execution plan (backend_engine/accel/plan.py: OPTIONS), e.g. {"prompt": "tiles"}
-    block_size: int = 16  # tokens per KV block (a power of two); gateways must use the same
-    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
-    kv_cache_memory_gb: float = 1.0  # KV pool size in GiB when num_kv_blocks is None
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_num_seqs: int = 64  # sequences in one step (the running batch)
-    max_num_batched_tokens: int = 512  # the step's token budget, shared by decode tokens and prefill chunks
-    long_prefill_token_threshold: int = 0  # 0: a single prefill may take the whole budget
-    enable_prefix_caching: bool = True  # automatic prefix caching (`--no-prefix-caching` turns it off)
-    eviction_policy: str = "slru"  # "slru" (segmented LRU: reused blocks outlive one-offs) | "lru"
-    max_pinned_fraction: float = 0.25  # share of the KV pool that pinned prefixes may hold
-    max_waiting: int | None = None  # None: unbounded waiting queue
-    target_itl_ms: float | None = None  # step budget for this inter-token latency; None: fixed
-    min_prefill_tokens: int = 32  # with target_itl_ms: prefill a step carries at the least
-    max_queue_delay_s: float | None = None  # refuse new requests (503) beyond this queue delay
-    scheduling_policy: str = "priority"  # "priority" (lower value first) | "fcfs" (arrival only)
-    seed: int = 0  # seeds the sampler shared by requests that give no seed
-    kv_event_buffer: int = 4096  # events kept for /kv/events replay
-    num_threads: int | None = None  # torch intra-op threads; None: torch's default
-    speculative_method: str | None = None  # None | "ngram" | "draft"
-    num_speculative_tokens: int = 4  # k: tokens proposed per sequence and step (1-16)
-    ngram_min: int = 2  # shortest suffix the n-gram proposer looks up (1 drafts too often)
-    ngram_max: int = 4  # longest suffix tried first
-    draft_model: str | None = None  # for "draft": any model sharing the target's tokenizer
-    speculative_max_batch: int = 4  # speculate only while this many sequences or fewer run
-    tensor_parallel_size: int = 1  # processes (one per device) one replica spans
-    # prefill/decode disaggregation (backend_engine/kv_transfer/)
-    kv_role: str = "both"  # "both" | "prefill" (sends KV blocks) | "decode" (receives them)
-    kv_transfer_host: str = "127.0.0.1"  # decode: where the receiver binds
-    kv_transfer_port: int = 0  # decode: the receiver's port (0: any free one)
-    kv_transfer_address: str | None = None  # decode: what peers dial (default tcp://host:port)
-    kv_transfer_timeout_s: float = 10.0  # silence that fails a transfer; claim hold time
-    kv_transfer_chunk_bytes: int = 4 << 20  # prefill: the most block data in one message
-    kv_transfer_window: int = 4  # decode: unacknowledged chunks a sender may have in flight
+    model: str = setting("default", '"default" (SmolLM2-135M-Instruct), an HF folder, a .gguf '
+                         'file, or "tiny-random[-llama|-qwen2|-mistral]"')
+    served_model_name: str | None = setting(
+        None, "the id clients use, and the namespace of the block hashes (default: the "
+        "model's name)", via="`--served-model-name` (its first name)")
+    dtype: str = setting("auto", "weights', activations' and KV cache's dtype; auto: bfloat16 "
+                         "where the device computes it natively (CUDA with bf16, CPUs with "
+                         "AVX512-BF16 or AMX), else float32 (float16 on older CUDA GPUs)",
+                         choices=DTYPES)
+    quantization: str | None = setting(
+        None, "weights: int8 (per channel) / int4 (group-wise) quantise at load, a GGUF's "
+        "tensors load directly; awq/gptq load such checkpoints (default: the checkpoint's own, "
+        "else none)", choices=QUANTIZATIONS)
+    device: str = setting("cpu", '"cpu", "cuda" or "cuda:N"')
+    block_size: int = setting(16, "tokens per KV block (a power of two); gateways must use the "
+                              "same")
+    num_kv_blocks: int | None = setting(None, "KV cache size in blocks (default: from "
+                                        "--kv-cache-memory)", group=KV_CACHE, exclusive="kv size")
+    kv_cache_memory_gb: float = setting(1.0, "KV cache size in GiB, without --num-kv-blocks",
+                                        flag="--kv-cache-memory", metavar="GIB", group=KV_CACHE,
+                                        exclusive="kv size")
+    max_model_len: int | None = setting(None, "the longest context (default: the model's "
+                                        "max_position_embeddings)")
+    max_num_seqs: int = setting(64, "sequences in one step (the running batch)")
+    max_num_batched_tokens: int = setting(512, "the step's token budget, shared by decode tokens "
+                                          "and prefill chunks")
+    long_prefill_token_threshold: int = setting(
+        0, "the most tokens one prefill takes of a step (0: the whole budget)", group=UNDER_LOAD)
+    enable_prefix_caching: bool = setting(True, "automatic prefix caching",
+                                          off_alias="--no-prefix-caching")
+    eviction_policy: str = setting("slru", "free cached blocks: slru (segmented LRU) keeps "
+                                   "reused prefixes over one-offs; lru is plain LRU; kvgate is "
+                                   "slru's deprecated name", choices=("slru", "lru", "kvgate"),
+                                   group=KV_CACHE)
+    max_pinned_fraction: float = setting(0.25, "share of the KV pool that pinned prefixes may "
+                                         "hold (POST /admin/pins)", group=KV_CACHE)
+    kv_event_buffer: int = setting(4096, "KV events kept for /kv/events replay", group=KV_CACHE)
+    max_waiting: int | None = setting(None, "waiting-queue limit; beyond it requests get 503 "
+                                      "(default: none)", group=UNDER_LOAD)
+    target_itl_ms: float | None = setting(
+        None, "inter-token latency each step's prefill budget is sized for (default auto: the "
+        "device's, 250 on CPU, 40 on CUDA; 0: a fixed --max-num-batched-tokens budget)",
+        parse=_auto_or_float, metavar="MS|auto", group=UNDER_LOAD)
+    min_prefill_tokens: int = setting(32, "with an ITL target: prefill tokens a step carries at "
+                                      "the least, so new requests progress", group=UNDER_LOAD)
+    max_queue_delay_s: float | None = setting(
+        10.0, "answer 503 + Retry-After when a new request would wait longer than this for its "
+        "first token (0 or None: never refuse)", group=UNDER_LOAD)
+    scheduling_policy: str = setting("priority", "priority: lower 'priority' values first (equal "
+                                     "ones in arrival order); fcfs: arrival only",
+                                     choices=SCHEDULING_POLICIES)
+    seed: int = setting(0, "seeds the sampler shared by requests that give no seed")
+    num_threads: int | None = setting(None, "torch intra-op threads (default: torch's)",
+                                      group=EXECUTION)
+    quantization_group_size: int = setting(32, "int4 at load: input features per scale and min",
+                                           choices=(32, 64, 128), group=EXECUTION)
+    enforce_eager: bool = setting(False, "run eagerly, no compiled graphs (as vLLM's flag of "
+                                  "this name); the plan's other choices stand")
+    engine_options: dict[str, str] = setting(
+        factory=dict, help="a developer override of the engine's static execution plan, which "
+        "picks the code each kind of row runs per device class (backend_engine/accel/plan.py "
+        "lists the keys, e.g. compiled=off, plan=reference); repeat for more. Overrides change "
+        "speed, never answers beyond the plan's stated tolerances",
+        flag="--engine-option", group=DEVELOPER)
+    tensor_parallel_size: int = setting(1, "processes (one per device: gloo on CPU, NCCL on "
+                                        "CUDA) one replica spans", aliases=("-tp",))
+    speculative_method: str | None = setting(
+        None, '"ngram" (prompt lookup) or "draft" (a smaller model)', choices=("ngram", "draft"),
+        value_aliases=(("draft_model", "draft"),), json=SPECULATIVE_CONFIG, key="method")
+    num_speculative_tokens: int = setting(4, "k: tokens proposed per sequence and step (1-16)",
+                                          json=SPECULATIVE_CONFIG)
+    ngram_min: int = setting(2, "shortest suffix the n-gram proposer looks up (1 drafts too "
+                             "often)", json=SPECULATIVE_CONFIG, key="prompt_lookup_min")
+    ngram_max: int = setting(4, "longest suffix, tried first", json=SPECULATIVE_CONFIG,
+                             key="prompt_lookup_max")
+    draft_model: str | None = setting(None, 'for "draft": any model sharing the target\'s '
+                                      "tokenizer", json=SPECULATIVE_CONFIG, key="model")
+    speculative_max_batch: int = setting(4, "speculate only while at most this many sequences "
+                                         "run", json=SPECULATIVE_CONFIG,
+                                         key="disable_by_batch_size")
+    kv_role: str = setting("both", "both (whole requests) | prefill (sends KV blocks; vLLM's "
+                           "kv_producer) | decode (receives them; kv_consumer)", choices=KV_ROLES,
+                           value_aliases=(("kv_producer", "prefill"), ("kv_consumer", "decode"),
+                                          ("kv_both", "both")),
+                           json=KV_TRANSFER_CONFIG)
+    kv_transfer_host: str | None = setting(None, "decode: where the KV receiver binds (default: "
+                                           "the server's host, else 127.0.0.1)",
+                                           json=KV_TRANSFER_CONFIG, key="kv_ip")
+    kv_transfer_port: int = setting(0, "decode: the KV receiver's port (0: a free one)",
+                                    json=KV_TRANSFER_CONFIG, key="kv_port")
+    kv_transfer_address: str | None = setting(
+        None, "decode: the address prefill replicas dial, when it differs from the bind address "
+        "(NAT, pods): tcp://HOST:PORT", json=KV_TRANSFER_CONFIG, key="kv_address")
+    kv_transfer_timeout_s: float = setting(10.0, "seconds of silence that fail a transfer; how "
+                                           "long received blocks wait for their request",
+                                           json=KV_TRANSFER_CONFIG, key="kv_timeout_s")
+    kv_transfer_chunk_bytes: int = setting(4 << 20, "prefill: the most block data in one message",
+                                           json=KV_TRANSFER_CONFIG, key="kv_chunk_bytes")
+    kv_transfer_window: int = setting(4, "decode: unacknowledged chunks a sender may have in "
+                                      "flight", json=KV_TRANSFER_CONFIG, key="kv_window")
 
     def validate(self) -> None:
-        from backend_engine.accel.plan import plan_for  # torch-free, as this module
-
-        plan_for(self.device, self.engine_options, one_rank=self.tensor_parallel_size == 1,
-                 enforce_eager=self.enforce_eager)  # a bad engine option is a PlanError
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a positive power of two")
         if self.max_num_seqs <= 0:
@@ -80,17 +158,18 @@ class EngineConfig:
             raise ValueError("max_pinned_fraction must be between 0 and 0.9")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}")
-        if self.quantization not in (None, "none", "int8", "int4", "awq", "gptq"):
+        if self.quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"unsupported quantization {self.quantization!r}; choose none, "
                              "int8, int4, awq or gptq")
         if self.quantization_group_size not in (32, 64, 128):
             raise ValueError("quantization_group_size must be 32, 64 or 128")
-        if self.target_itl_ms is not None and self.target_itl_ms <= 0:
-            raise ValueError("target_itl_ms must be positive (or None for a fixed budget)")
+        if self.target_itl_ms is not None and self.target_itl_ms < 0:
+            raise ValueError("target_itl_ms must be positive, 0 (a fixed budget) or None (the "
+                             "device's default)")
         if self.min_prefill_tokens < 1:
             raise ValueError("min_prefill_tokens must be at least 1")
-        if self.max_queue_delay_s is not None and self.max_queue_delay_s <= 0:
-            raise ValueError("max_queue_delay_s must be positive (or None for no bound)")
+        if self.max_queue_delay_s is not None and self.max_queue_delay_s < 0:
+            raise ValueError("max_queue_delay_s must be positive (or 0 / None: never refuse)")
         if self.tensor_parallel_size < 1:
             raise ValueError("tensor_parallel_size must be at least 1")
         if self.kv_role not in KV_ROLES:
@@ -102,5 +181,8 @@ class EngineConfig:
                 or self.kv_transfer_chunk_bytes < 1 or not 0 <= self.kv_transfer_port <= 65535:
             raise ValueError("kv_transfer_timeout_s, kv_transfer_window and "
                              "kv_transfer_chunk_bytes must be positive, kv_transfer_port a port")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unsupported dtype {self.dtype!r}; choose one of {DTYPES}")
+        if not isinstance(self.engine_options, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.engine_options.items()):
+            raise ValueError("engine_options must map option names to strings")

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from backend_engine.block_pool import BlockPool
 from backend_engine.config import EngineConfig
+from backend_engine.dtype import resolve_dtype
 from backend_engine.errors import ContextLengthExceededError, InvalidRequestError
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
@@ -32,7 +33,7 @@ from backend_engine.scheduler import Scheduler
 from backend_engine.sequence import Sequence
 from backend_engine.spec_decode.controller import SpecController
 from backend_engine.spec_decode.proposers import build_proposer
-from backend_engine.step_budget import QueueDrain, StepBudget
+from backend_engine.step_budget import QueueDrain, StepBudget, default_target_itl_ms
 from backend_engine.step_cost import StepCostModel, StepShape
 from backend_engine.structured.manager import StructuredOutputManager
 from routing.hashing import NAMESPACE_RULE, namespace_for
@@ -40,13 +41,21 @@ from routing.hashing import NAMESPACE_RULE, namespace_for
 log = logging.getLogger("kvgate.engine")
 
 
+def for_device(config: EngineConfig) -> EngineConfig:
+    """The config with its device-dependent defaults decided for `config.device`: dtype "auto"
+    and target_itl_ms None (the device's ITL target)."""
+    itl = config.target_itl_ms
+    return dataclasses.replace(config, dtype=resolve_dtype(config.dtype, config.device),
+                               target_itl_ms=default_target_itl_ms(config.device)
+                               if itl is None else itl)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         config.validate()
         quantization, served = served_quantization(config.model, config.quantization)
-        if quantization != config.quantization:
-            config = dataclasses.replace(config, quantization=quantization)
         log.info("%s", served)
+        config = dataclasses.replace(for_device(config), quantization=quantization)
         self.config = config
         files = resolve_model(config.model, config.quantization)
         self.model_id = config.served_model_name or files.model_id
@@ -96,7 +105,7 @@ class LLMEngine:
                                                   self.eos_token_ids, self.stats)
 
     def _step_budget(self, config: EngineConfig) -> StepBudget | None:
-        if config.target_itl_ms is None:
+        if not config.target_itl_ms:  # 0: a fixed token budget, no latency target
             return None
         from backend_engine.step_calibration import calibrated_model
 

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence as Seq
 
 from backend_engine.chat import encode_prompt, render_chat
+from backend_engine.cli_args import from_mapping
 from backend_engine.config import EngineConfig
 from backend_engine.engine import LLMEngine
 from backend_engine.outputs import RequestOutput
@@ -14,7 +15,10 @@ from backend_engine.sampling_params import SamplingParams
 
 class LLM:
     def __init__(self, model: str = "default", **engine_args):
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        """engine_args: EngineConfig's fields, or vLLM's `speculative_config` and
+        `kv_transfer_config` mappings, read as `kvgate engine` reads its flags."""
+        kwargs, = from_mapping([EngineConfig], {"model": model, **engine_args})
+        self.engine = LLMEngine(EngineConfig(**kwargs))
         self._ids = itertools.count()
 
     @property

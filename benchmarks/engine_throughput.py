@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from backend_engine.cli_args import key_value
 from backend_engine.llm import LLM
 from backend_engine.model_loader import default_gguf_path, resolve_model
 from backend_engine.sampling_params import SamplingParams
@@ -29,7 +30,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def run_kvgate(prompts, new_tokens: int, concurrency: int, dtype: str,
-               quantization: str | None = None, engine_options: dict | None = None) -> float:
+               quantization: str | None = None,
+               engine_options: dict[str, str] | None = None) -> float:
     llm = LLM("default", max_num_seqs=concurrency, max_num_batched_tokens=512, dtype=dtype,
               quantization=quantization, engine_options=engine_options or {})
     llm.generate(prompts[:2], SamplingParams(max_tokens=4))  # warm-up
@@ -107,23 +109,24 @@ def main() -> None:
     ap.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
                     help="kvgate's weights (the transformers baselines stay fp in --dtype: "
                          "none compares like with like)")
-    ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="kvgate's --engine-option (a developer override of the plan)")
+    ap.add_argument("--engine-option", action="append", type=key_value, default=[],
+                    metavar="KEY=VALUE",
+                    help="kvgate's plan overrides, as `kvgate engine --engine-option` (e.g. "
+                         "decode=kernel: how decode rows multiply quantised weights)")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("default").folder)
     prompts = token_prompts(tokenizer, args.requests, args.prompt_tokens)
-    options = dict(item.split("=", 1) for item in args.engine_option)
     ours = run_kvgate(prompts, args.new_tokens, args.concurrency, args.dtype, args.quantization,
-                      options)
+                      dict(args.engine_option))
     print(f"kvgate                      {ours:8.1f} tok/s  ({args.requests} requests)")
     hf = run_hf_sequential(prompts[:args.hf_subset], args.new_tokens, args.dtype)
     print(f"transformers generate (1x1) {hf:8.1f} tok/s  ({args.hf_subset} requests)")
     result = {"speedup_vs_hf": round(ours / hf, 2), "kvgate_tok_s": round(ours, 1),
               "hf_tok_s": round(hf, 2), "dtype": args.dtype, "quantization": args.quantization,
-              "engine_options": options}
+              "engine_options": dict(args.engine_option)}
     if not args.skip_hf_cb:
         hf_cb = run_hf_continuous_batching(prompts, args.new_tokens, args.concurrency,
                                            args.dtype)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
+from backend_engine.cli_args import key_value
 from backend_engine.config import EngineConfig
 from backend_engine.model_loader import resolve_model
 from backend_engine.model_runner import ModelRunner
@@ -75,14 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=256, help="prefill chunk tokens")
     p.add_argument("--cached", type=int, default=768, help="cached prefix before the chunk")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a developer override of the engine's plan (backend_engine/accel/plan.py)")
+    p.add_argument("--engine-option", action="append", type=key_value, default=[],
+                   metavar="KEY=VALUE", help="the engine's plan overrides, as `kvgate engine "
+                   "--engine-option` (e.g. compiled=off)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     lo, hi = (int(x) for x in args.context.split(","))
     config = EngineConfig(dtype=args.dtype, num_kv_blocks=args.decodes * (hi // 16 + 2) + 200,
-                          engine_options=dict(o.split("=", 1) for o in args.engine_option))
+                          engine_options=dict(args.engine_option))
     files = resolve_model(config.model)
     from transformers import AutoConfig
 

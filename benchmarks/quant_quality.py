@@ -12,7 +12,7 @@ Formats: fp32 (the reference: the GGUF's Q4_1 weights dequantised), bf16, int8 a
 features rule out 128), and `gguf-int4`, the GGUF's own 4-bit tensors loaded as stored (by
 construction the reference's values, so its ratio measures only the kernels' bf16 activations
 and the lm_head). The lm_head is the default w8a8 (int8 weights times int8 activations per row);
-`-lm8` rows take `--lm-head-quantization int8` (weight-only), `int4-lm4` takes `int4`. Ends with
+`-lm8` rows take `--engine-option lm_head=int8` (weight-only), `int4-lm4` takes `int4`. Ends with
 one line of JSON with the ppl ratios and greedy agreements of int8, int4 and those rows.
 """
 

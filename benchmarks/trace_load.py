@@ -42,8 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=None, help="kvgate replicas (default: kvgate up's)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per replica (default: kvgate up's)")
     p.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra `kvgate engine` flag for every replica, e.g. dtype=bfloat16 (repeat)")
-    p.add_argument("--quantization", default=None, help="shorthand for --engine quantization=...")
+                   help="a setting of every replica (kvgate up's `engine:` keys), e.g. dtype=bfloat16 "
+                        "(repeat)")
+    p.add_argument("--quantization", default=None, help="every replica's weights (kvgate up --quantization)")
     p.add_argument("--llamacpp-parallel", type=int, default=16, help="llama-server --parallel slots")
     p.add_argument("--ttft-slo-s", type=float, default=10.0)
     p.add_argument("--itl-slo-ms", type=float, default=250.0)
@@ -58,8 +59,6 @@ def engine_flags(args: argparse.Namespace) -> dict:
         if not sep:
             raise SystemExit(f"--engine wants KEY=VALUE, not {item!r}")
         flags[key.replace("-", "_")] = value
-    if args.quantization:
-        flags["quantization"] = args.quantization
     return flags
 
 
@@ -77,7 +76,8 @@ def run_kvgate(args, jobs: list[Job], say) -> list:
     from kvgate.launcher.config import UpConfig
 
     config = UpConfig(model=args.model, replicas=args.replicas, num_threads=args.threads,
-                      engine=engine_flags(args), log_level="warning", health_timeout_s=900.0)
+                      quantization=args.quantization, engine=engine_flags(args),
+                      log_level="warning", health_timeout_s=900.0)
     with Cluster(config, say=say) as cluster:
         say(f"kvgate up: {len(cluster.replica_urls)} replicas, gateway {cluster.gateway_urls[0]}, "
             f"logs in {cluster.log_dir}")

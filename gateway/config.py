@@ -63,7 +63,7 @@ class GatewayConfig:
     max_prompt_tokens: int = 131072  # longer prompts get 400 before any replica is asked
     decisions_kept: int = 500  # routing decisions kept for /admin/api/decisions
     prefix_advice: bool = True  # watch prompts for volatile fields that defeat the cache
-    # prefill/decode pairs (replicas started with --role prefill / --role decode)
+    # prefill/decode pairs (replicas started with --kv-transfer-config kv_role prefill / decode)
     pd_bypass_tokens: int = 64  # the decode replica prefills itself when it lacks at most this
     pd_transfer_weight: float = 0.25  # cost of a transferred prompt token, in computed tokens
     seed: int | None = None  # seeds the policies' random tie-breaks (tests, benchmarks)

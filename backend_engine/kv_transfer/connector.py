@@ -65,7 +65,7 @@ class KVConnector(SenderEvents, ReceiverEvents):
             self.exports = KVExports(pool, config.block_size, self.sender, io.layout)
         elif self.role == "decode":
             self.imports = KVImports(pool, claim_ttl_s=config.kv_transfer_timeout_s)
-            self.receiver = TcpKVReceiver(io, self, config.kv_transfer_host,
+            self.receiver = TcpKVReceiver(io, self, config.kv_transfer_host or "127.0.0.1",
                                           config.kv_transfer_port, config.kv_transfer_address,
                                           config.kv_transfer_timeout_s,
                                           config.kv_transfer_window)

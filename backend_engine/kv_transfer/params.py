@@ -44,7 +44,8 @@ def check_kv_transfer(kv_transfer: RemoteDecode | RemotePrefill | None, params, 
     """Refuse, before anything is queued, a P/D half this replica cannot serve as given."""
     if isinstance(kv_transfer, RemoteDecode) and (connector is None or connector.exports is None):
         raise InvalidRequestError("this replica does not send KV blocks (start it with "
-                                  "--role prefill)", param="kv_transfer_params",
+                                  "--kv-transfer-config '{\"kv_role\": \"kv_producer\"}')",
+                                  param="kv_transfer_params",
                                   code="wrong_role")
     if isinstance(kv_transfer, RemotePrefill):
         tokens = kv_transfer.first_tokens

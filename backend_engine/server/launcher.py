@@ -5,6 +5,7 @@ signal exits immediately."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from collections.abc import Callable
@@ -67,6 +68,8 @@ def serve(settings: ServerSettings, engine_config: EngineConfig,
     """Block serving until drained or interrupted; the exit code (1 when the model failed)."""
     from backend_engine.async_engine import AsyncLLMEngine
 
+    if engine_config.kv_transfer_host is None:  # the KV receiver listens where the server does
+        engine_config = dataclasses.replace(engine_config, kv_transfer_host=settings.host)
     app = create_app(settings, lambda: AsyncLLMEngine(engine_config))
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,

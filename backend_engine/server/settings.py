@@ -1,22 +1,40 @@
-"""What the replica's HTTP server needs to know beyond the engine's own config."""
+"""What the replica's HTTP server needs to know beyond the engine's own config; each field's
+flag is declared beside its default (backend_engine/cli_args.py), as EngineConfig's are."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from backend_engine.cli_fields import setting
 from protocol.http import DEFAULT_MAX_BODY_BYTES
+
+SERVER = "server"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 
 
 @dataclass(slots=True)
 class ServerSettings:
-    host: str = "127.0.0.1"  # interface to listen on (0.0.0.0: all)
-    port: int = 8000  # TCP port to listen on
-    served_model_names: list[str] = field(default_factory=list)  # empty: the engine's model_id
-    api_key: str | None = None  # bearer key required on /v1/* when set
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
-    drain_grace_s: float = 30.0  # SIGTERM: how long in-flight requests may still run
-    kv_heartbeat_s: float = 1.0  # /kv/events: heartbeat (with load) after this much quiet
-    retry_after_s: int = 1  # Retry-After on 503 (loading, draining, queue full)
-    log_level: str = "info"  # uvicorn and engine logging
-    kv_events_config: str | None = None  # vLLM's --kv-events-config JSON: publish KV events on ZMQ
-    tool_call_parser: str = "auto"  # "auto" (by the model's tokenizer) | "hermes" | "llama3_json" | "mistral"
+    host: str = setting("127.0.0.1", "interface to listen on (0.0.0.0: all)")
+    port: int = setting(8000, "TCP port to listen on")
+    served_model_names: list[str] = setting(
+        factory=list, help="names clients use (the first is the canonical one; default: the "
+        "model's name)", flag="--served-model-name", nargs="+", metavar="NAME")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/*")
+    max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, "request body limit (413 beyond)",
+                                  group=SERVER)
+    drain_grace_s: float = setting(30.0, "seconds in-flight requests get after SIGTERM",
+                                   flag="--drain-grace", metavar="SECONDS",
+                                   group=SERVER)
+    kv_heartbeat_s: float = setting(1.0, "/kv/events: heartbeat (with load) after this much "
+                                    "quiet", via="")
+    retry_after_s: int = setting(1, "Retry-After on 503 (loading, draining, queue full)", via="")
+    log_level: str = setting("info", "uvicorn and engine logging", choices=LOG_LEVELS,
+                             group=SERVER)
+    kv_events_config: str | None = setting(
+        None, 'vLLM\'s KV event publisher config, e.g. \'{"enable_kv_cache_events": true, '
+        '"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\'',
+        metavar="JSON")
+    tool_call_parser: str = setting("auto", "how tool calls are read from (and forced into) the "
+                                    "model's output; auto: by its tokenizer",
+                                    choices=TOOL_CALL_PARSERS)

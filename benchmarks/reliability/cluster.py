@@ -32,7 +32,7 @@ class ClusterSpec:
     redis: bool = True
     num_kv_blocks: int = 256
     max_num_seqs: int = 32
-    engine: dict[str, Any] = field(default_factory=dict)  # more `kvgate engine` flags
+    engine: dict[str, Any] = field(default_factory=dict)  # more replica settings (UpConfig.engine)
     # Gateway settings that make faults visible within seconds rather than minutes.
     gateway: dict[str, Any] = field(default_factory=lambda: {
         "health_interval_s": 0.5, "failure_threshold": 2, "circuit_cooldown_s": 1.0,
@@ -62,7 +62,7 @@ class LocalCluster:
             # float32: scenarios compare greedy answers across batch compositions, which bf16
             # rounding (`--dtype auto` on AVX512-BF16 CPUs) may change
             engine={"num_kv_blocks": spec.num_kv_blocks, "max_num_seqs": spec.max_num_seqs,
-                    "dtype": "float32", "drain_grace": 2.0, "max_body_bytes": MAX_BODY_BYTES, **spec.engine},
+                    "dtype": "float32", "drain_grace_s": 2.0, "max_body_bytes": MAX_BODY_BYTES, **spec.engine},
             gateway={"config": str(gateway_config)}, admin_key=self.admin_key,
             log_dir=str(self.log_dir), log_level="info")
         config.validate()

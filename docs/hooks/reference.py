@@ -2,8 +2,9 @@
 
 The pages under `reference/cli/` come from the argparse parsers of `kvgate engine`,
 `kvgate gateway` and `kvgate up` (`kvgate.cli.build_parser()`), and those under
-`reference/config/` from the config dataclasses and the comments beside their fields. Nothing
-here lists a flag or a key, so a flag added to a parser is in the next build's reference.
+`reference/config/` from the config dataclasses: the flag each field declares beside its default
+(backend_engine/cli_fields.py) or, without one, the comments beside it. Nothing here lists a
+flag or a key, so a flag added to a parser is in the next build's reference.
 The benchmark plots in `benchmarks/results/` are served as `benchmarks/plots/`, the results
 files as `benchmarks/results/`, listed on a generated page, `benchmarks/results-files.md`.
 
@@ -18,6 +19,7 @@ import dataclasses
 import importlib
 import inspect
 import io
+import re
 import sys
 import textwrap
 import tokenize
@@ -49,8 +51,11 @@ class CommandPage:
 
 ENGINE_CONFIG = ConfigSource(
     "backend_engine.config", "EngineConfig", "reference/config/engine.md", "EngineConfig",
-    "The engine's configuration: the keyword arguments of `LLM(...)` and `EngineConfig(...)`, "
-    "which `kvgate engine` fills from its flags.")
+    "The engine's configuration: the keyword arguments of `LLM(...)` and `EngineConfig(...)`. "
+    "Each field declares its flag, default and help in one place, and `kvgate engine`'s flags "
+    "are built from them, so `LLM()` and `kvgate engine` start the same engine; `kvgate up`'s "
+    "`engine:` section takes the same keys. Fields in a JSON flag are set by its key; "
+    "`LLM()` also takes those flags' mappings (`speculative_config={...}`).")
 SERVER_SETTINGS = ConfigSource("backend_engine.server.settings", "ServerSettings")
 GATEWAY_CONFIG = ConfigSource(
     "gateway.config", "GatewayConfig", "reference/config/gateway.md", "Gateway config file",
@@ -78,6 +83,7 @@ class Key:
     type: str
     default: object
     meaning: str
+    flag: str | None = None  # Markdown for the flag column; None: found in the parser
 
 
 def _field_comments(cls: type) -> dict[str, str]:
@@ -100,15 +106,34 @@ def _field_comments(cls: type) -> dict[str, str]:
     return out
 
 
+def _declared_flag(s) -> str:  # noqa: ANN001 - cli_fields.Setting
+    """The flag column for a field that declares its flag."""
+    if s.meta.json is not None:
+        return f"`{s.meta.json.flag}` key `{s.meta.key or s.name}`"
+    if s.meta.via is not None:
+        return _cell(s.meta.via) if s.meta.via else "Python only"
+    return f"`{s.flag}`"
+
+
+def _source_class(source: ConfigSource) -> type:
+    return getattr(importlib.import_module(source.module), source.cls)
+
+
 def config_keys(source: ConfigSource) -> list[Key]:
-    cls = getattr(importlib.import_module(source.module), source.cls)
+    from backend_engine.cli_fields import settings
+
+    cls = _source_class(source)
     comments = _field_comments(cls)
+    declared = {s.name: s for s in settings(cls)}
     keys = []
     for f in dataclasses.fields(cls):
         default = f.default
         if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
-        keys.append(Key(f.name, str(f.type), default, comments.get(f.name, "")))
+        s = declared.get(f.name)
+        keys.append(Key(f.name, str(f.type), default,
+                        s.meta.help if s else comments.get(f.name, ""),
+                        _declared_flag(s) if s else None))
     return keys
 
 
@@ -171,6 +196,14 @@ def help_text(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     return _formatter(parser)._expand_help(action) if action.help else ""
 
 
+def _without_default(help_: str, action: argparse.Action) -> str:
+    """The help less a closing "(default: VALUE)" naming the default: the page has a column."""
+    match = re.search(r"\s*\(default: ([^()]*)\)$", help_)
+    if match and match.group(1) in (str(action.default), "on" if action.default else "off"):
+        return help_[:match.start()]
+    return help_
+
+
 def _flag_meaning(help_: str, action: argparse.Action, group_note: str, fallback: str) -> str:
     parts = [_sentence(help_ or fallback)]
     if action.choices:
@@ -214,12 +247,38 @@ def command_page(spec: CommandPage, parser: argparse.ArgumentParser, summary: st
             default = a.default
             if default is None and key is not None and key.name == a.dest:
                 default = key.default
-            meaning = _flag_meaning(help_text(parser, a), a, exclusive.get(a.dest, ""),
-                                    key.meaning if key else "")
+            meaning = _flag_meaning(_without_default(help_text(parser, a), a), a,
+                                    exclusive.get(a.dest, ""), key.meaning if key else "")
             shown = ("on" if default else "off") if a.nargs == 0 else _value(default)
             out.append(f"| `{flag_spelling(parser, a)}` | {shown} | {meaning} |")
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out + _json_key_tables(spec, parser))
+
+
+def _json_key_tables(spec: CommandPage, parser: argparse.ArgumentParser) -> list[str]:
+    """Per JSON flag of the command (--speculative-config …): its keys and the fields they set."""
+    from backend_engine.cli_fields import json_configs, json_fields
+
+    dests = {a.dest for a in parser._actions}
+    out = []
+    for source in spec.sources:
+        cls = _source_class(source)
+        for config in json_configs(cls):
+            if config.name not in dests:
+                continue
+            out += [f"## `{config.flag}` keys\n",
+                    f"The JSON object's keys; each sets a field of `{source.cls}` (and "
+                    f"`LLM({config.name}={{...}})` takes the same mapping). An unknown key is "
+                    "refused, naming the flag.\n",
+                    "| key | field | default | meaning |\n|---|---|---|---|"]
+            for key, s in json_fields(cls, config).items():
+                values = dict(s.meta.value_aliases)
+                also = (" Also: " + ", ".join(f"`{k}` (= `{v}`)" for k, v in values.items()) + "."
+                        if values else "")
+                out.append(f"| `{key}` | `{s.name}` | {_value(s.default)} | "
+                           f"{_cell(_sentence(s.meta.help))}{also} |")
+            out.append("")
+    return out
 
 
 def config_page(source: ConfigSource, parser: argparse.ArgumentParser) -> str:
@@ -234,7 +293,7 @@ def config_page(source: ConfigSource, parser: argparse.ArgumentParser) -> str:
            "| key | type | default | flag | meaning |\n|---|---|---|---|---|"]
     for k in config_keys(source):
         action = flags.get(k.name)
-        flag = f"`{action.option_strings[0]}`" if action else ""
+        flag = k.flag if k.flag is not None else f"`{action.option_strings[0]}`" if action else ""
         meaning = _sentence(k.meaning or (help_text(parser, action) if action else ""))
         out.append(f"| `{k.name}` | `{k.type}` | {_value(k.default)} | {flag} | {_cell(meaning)} |")
     return "\n".join(out) + "\n"

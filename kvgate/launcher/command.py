@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from backend_engine.cli_args import add_cli_args
+from backend_engine.config import EngineConfig
 from kvgate.launcher.config import ConfigError, UpConfig, build_config, load_config_file
 
 _EXPLICIT = "_up_explicit"  # namespace attribute: dests of the flags the user typed
@@ -44,21 +46,16 @@ def add_up_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis", action=_TypedTrue, help="share gateway state in a local redis-server (automatic when --gateways > 1)")
     p.add_argument("--redis-url", action=_Typed, default=None, help="use this Redis instead of starting one")
     p.add_argument("--policy", action=_Typed, default=None, help="routing policy (default: the gateway's)")
-    p.add_argument("--model", action=_Typed, default="default",
-                   help='"default" (SmolLM2-135M-Instruct), an HF folder, a .gguf file, or "tiny-random"')
+    add_cli_args(p, EngineConfig, only=("model",), action=_Typed)
     p.add_argument("--host", action=_Typed, default="127.0.0.1")
     p.add_argument("--port", type=int, action=_Typed, default=8000,
                    help="first gateway; gateways take PORT…PORT+G-1, replicas the ports after")
     p.add_argument("--device", action=_Typed, default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--num-threads", type=int, action=_Typed, default=None,
                    help="torch threads per CPU process (default: cores // (replicas × tensor-parallel size))")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, action=_Typed, default=1,
-                   help="processes (CPU) or GPUs each replica spans")
-    p.add_argument("--speculative-method", action=_Typed, default=None, choices=["ngram", "draft"])
-    p.add_argument("--quantization", action=_Typed, default=None,
-                   choices=["none", "int8", "int4", "awq", "gptq"],
-                   help="every replica's weights (see `kvgate engine --help`); int4 on the default "
-                        "GGUF serves its 4-bit tensors as stored")
+    # every replica's engine settings: flags built from EngineConfig's fields, as `kvgate engine`'s
+    add_cli_args(p, EngineConfig, only=("tensor_parallel_size", "quantization",
+                                        "speculative_config"), action=_Typed)
     p.add_argument("--admin-key", action=_Typed, default=None, help="key for the gateways' /admin (default: generated)")
     p.add_argument("--api-key", action=_Typed, default=None,
                    help="user key for /v1/* (default: none; generated when gateways share Redis)")

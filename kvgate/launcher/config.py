@@ -10,13 +10,24 @@ from typing import Any
 
 import yaml
 
-# Flags `kvgate up` sets on every replica/gateway itself; setting them under `engine:` or
-# `gateway:` would silently break the port layout or the thread split, so they are refused.
-_MANAGED_ENGINE_FLAGS = {"host", "port", "model", "device", "num_threads", "speculative_method", "api_key",
-                         "tensor_parallel_size", "role", "kv_transfer_port", "kv_transfer_host"}
+from backend_engine.cli_args import from_mapping, to_argv
+from backend_engine.cli_fields import SettingError, json_fields
+from backend_engine.config import SPECULATIVE_CONFIG, EngineConfig
+from backend_engine.server.settings import ServerSettings
+
+REPLICA_SETTINGS = (EngineConfig, ServerSettings)  # what `engine:` may set: `kvgate engine`'s
+ENGINE_DEFAULTS = EngineConfig()
+# Replica settings `kvgate up` decides itself (→ the key to use instead): setting them under
+# `engine:` would silently break the port layout, the thread split or the P/D roles.
+_MANAGED_ENGINE_SETTINGS = {
+    "host": "host", "port": "port", "device": "device", "num_threads": "num_threads",
+    "api_key": "api_key", "log_level": "log_level", "tensor_parallel_size": "tensor_parallel_size",
+    "model": "model", "quantization": "quantization", "kv_transfer_host": "host",
+    "kv_transfer_port": "port", "kv_role": "prefill_replicas / decode_replicas",
+    **{s.name: "speculative_config" for s in json_fields(EngineConfig, SPECULATIVE_CONFIG).values()},
+}
 _MANAGED_GATEWAY_FLAGS = {"host", "port", "replica", "redis_url", "policy", "admin_key", "api_key"}
 _DEVICES = ("auto", "cpu", "cuda")
-_QUANTIZATIONS = (None, "none", "int8", "int4", "awq", "gptq")
 
 
 class ConfigError(ValueError):
@@ -25,10 +36,10 @@ class ConfigError(ValueError):
 
 @dataclass(slots=True)
 class UpConfig:
-    model: str = "default"  # every replica's model: "default" (SmolLM2-135M-Instruct), an HF folder, a .gguf file, "tiny-random"
+    model: str = ENGINE_DEFAULTS.model  # every replica's model: "default" (SmolLM2-135M-Instruct), an HF folder, a .gguf file, "tiny-random"
     replicas: int | None = None  # None: one per GPU when GPUs exist, else 2 (0 with P/D replicas)
-    prefill_replicas: int = 0  # replicas that prefill and send KV blocks (--role prefill)
-    decode_replicas: int = 0  # replicas that receive KV blocks and decode (--role decode)
+    prefill_replicas: int = 0  # replicas that prefill and send KV blocks (kv_role prefill)
+    decode_replicas: int = 0  # replicas that receive KV blocks and decode (kv_role decode)
     gateways: int = 1  # 0: replicas only (base_url is replica 1)
     redis: bool = False  # start a local redis-server even for one gateway
     redis_url: str | None = None  # use this Redis instead of starting one
@@ -37,12 +48,12 @@ class UpConfig:
     port: int = 8000  # first gateway; the rest follow, then the replicas
     device: str = "auto"  # auto: cuda when `nvidia-smi -L` lists GPUs
     num_threads: int | None = None  # per CPU process; None: max(1, cores // (replicas × tensor_parallel_size))
-    tensor_parallel_size: int = 1  # processes (CPU) or GPUs each replica spans
-    speculative_method: str | None = None  # "ngram" or "draft" on every replica
-    quantization: str | None = None  # every replica's --quantization (none/int8/int4/awq/gptq)
+    tensor_parallel_size: int = ENGINE_DEFAULTS.tensor_parallel_size  # processes (CPU) or GPUs each replica spans
+    quantization: str | None = ENGINE_DEFAULTS.quantization  # every replica's quantization (none/int8/int4/awq/gptq)
+    speculative_config: dict[str, Any] | None = None  # every replica's, in vLLM's keys: {method: ngram, num_speculative_tokens: 4}
     admin_key: str | None = None  # None: one is generated per run and printed
     api_key: str | None = None  # user key for /v1/*; generated when gateways share Redis
-    engine: dict[str, Any] = field(default_factory=dict)  # more `kvgate engine` flags for every replica, by name: {num_kv_blocks: 2048}; true adds a bare flag
+    engine: dict[str, Any] = field(default_factory=dict)  # more settings of every replica, by EngineConfig / ServerSettings field (LLM()'s keywords) or vLLM's kv_transfer_config: {num_kv_blocks: 2048, engine_options: {compiled: "off"}}
     gateway: dict[str, Any] = field(default_factory=dict)  # more `kvgate gateway` flags for every gateway, e.g. {config: gw.yaml, max_in_flight: 8}
     health_timeout_s: float = 600.0  # start-up: first model load may dequantise (~15 s on CPU)
     shutdown_grace_s: float = 15.0  # SIGTERM → SIGKILL
@@ -67,13 +78,6 @@ class UpConfig:
             raise ConfigError(f"port {self.port} is not a TCP port")
         if self.device not in _DEVICES:
             raise ConfigError(f"device must be one of {list(_DEVICES)}, not {self.device!r}")
-        if self.quantization not in _QUANTIZATIONS:
-            raise ConfigError(f"quantization must be one of {list(_QUANTIZATIONS[1:])}, "
-                              f"not {self.quantization!r}")
-        engine_quantization = self.engine.get("quantization") if isinstance(self.engine, dict) else None
-        if self.quantization and engine_quantization and engine_quantization != self.quantization:
-            raise ConfigError(f"quantization {self.quantization!r} and engine.quantization "
-                              f"{engine_quantization!r} disagree; set one")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("num_threads must be at least 1")
         if self.tensor_parallel_size < 1:
@@ -82,7 +86,7 @@ class UpConfig:
             raise ConfigError("shutdown_grace_s and health_timeout_s must be positive")
         if not 0 < self.restart_backoff_s <= self.restart_backoff_max_s:
             raise ConfigError("need 0 < restart_backoff_s <= restart_backoff_max_s")
-        _check_extra_flags("engine", self.engine, _MANAGED_ENGINE_FLAGS)
+        self.replica_settings()  # a bad engine value fails here, not in each replica's log
         _check_extra_flags("gateway", self.gateway, _MANAGED_GATEWAY_FLAGS)
         if self.policy is not None:
             from routing.policies import policy_name  # pure Python; fail here, not in a child's log
@@ -99,6 +103,35 @@ class UpConfig:
             self.admin_key = "kvgate-admin-" + secrets.token_urlsafe(18)
         if self.gateways and self.api_key is None and (self.redis_url or self.wants_redis):
             self.api_key = "sk-kvgate-" + secrets.token_urlsafe(18)
+
+    def replica_settings(self) -> dict[str, Any]:
+        """Every replica's EngineConfig / ServerSettings fields from the top-level keys and
+        `engine:`, checked as `kvgate engine` checks them (ports, roles, devices, threads are
+        the plan's, per replica)."""
+        if not isinstance(self.engine, dict):
+            raise ConfigError("`engine:` must be a mapping of settings to values")
+        try:
+            [top] = from_mapping([EngineConfig], {
+                "model": self.model, "quantization": self.quantization,
+                "speculative_config": self.speculative_config or {}})
+        except SettingError as exc:
+            raise ConfigError(str(exc)) from None
+        try:  # keys as `kvgate engine` would spell them (num-kv-blocks) are read too
+            extra = from_mapping(REPLICA_SETTINGS, {str(k).lstrip("-").replace("-", "_"): v
+                                                    for k, v in self.engine.items()})
+        except SettingError as exc:
+            raise ConfigError(f"engine: {exc}") from None
+        for name in (*extra[0], *extra[1]):
+            if name in _MANAGED_ENGINE_SETTINGS:
+                raise ConfigError(f"`engine.{name}` is set by kvgate up; use the top-level key "
+                                  f"`{_MANAGED_ENGINE_SETTINGS[name]}`")
+        engine = {**top, **extra[0]}
+        try:
+            EngineConfig(**engine).validate()
+            to_argv(REPLICA_SETTINGS, extra[0] | extra[1])  # a setting with no flag of its own
+        except ValueError as exc:
+            raise ConfigError(f"engine: {exc}") from None
+        return {**engine, **extra[1]}
 
     @property
     def wants_redis(self) -> bool:

@@ -10,7 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.launcher.config import ConfigError, UpConfig
+from backend_engine.cli_args import to_argv
+from kvgate.launcher.config import REPLICA_SETTINGS, ConfigError, UpConfig
 
 REPLICA, GATEWAY, REDIS = "replica", "gateway", "redis"
 DEFAULT_CPU_REPLICAS = 2
@@ -86,7 +87,7 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def flags_from_mapping(values: dict[str, Any]) -> list[str]:
-    """{'num_kv_blocks': 512, 'no_prefix_caching': True, 'served_model_name': [a, b]} → argv."""
+    """{'max_in_flight': 8, 'isolate_cache_by_key': True, 'tokenizer': [a, b]} → gateway argv."""
     argv: list[str] = []
     for name, value in values.items():
         flag = "--" + str(name).lstrip("-").replace("_", "-")
@@ -125,27 +126,32 @@ def build_plan(config: UpConfig, gpus: int, cores: int, redis_port: int | None =
     roles = ["both"] * k + ["prefill"] * p + ["decode"] * d
     total = len(roles)
     kv_port = config.port + g + total  # decode replicas' KV receivers, after every HTTP port
+    settings = config.replica_settings()
     replicas = []
     for i, role in enumerate(roles):
-        spec = _replica_spec(config, i, config.port + g + i, device, gpus, cores, total, python)
+        own: dict[str, Any] = {}
+        name = f"replica-{i + 1}"
         if role != "both":
-            n = roles[:i + 1].count(role)
-            spec.name = f"{role}-{n}"
-            spec.argv += ["--role", role]
+            name = f"{role}-{roles[:i + 1].count(role)}"
+            own["kv_role"] = role
         if role == "decode":
-            spec.argv += ["--kv-transfer-port", str(kv_port)]
-            spec.kv_port = kv_port
+            own["kv_transfer_port"] = kv_port
             kv_port += 1
+        spec = _replica_spec(config, i, name, settings | own, device, gpus, cores, total, python)
+        spec.kv_port = own.get("kv_transfer_port")
         replicas.append(spec)
     gateways = [_gateway_spec(config, i, config.port + i, replicas, redis_url, python,
                               tokenizer_folder) for i in range(g)]
     return Plan(redis, replicas, gateways, redis_url, device)
 
 
-def _replica_spec(config: UpConfig, i: int, port: int, device: str, gpus: int, cores: int, k: int,
-                  python: str) -> ChildSpec:
-    argv = [python, "-m", "kvgate.cli", "engine", "--model", config.model, "--host", config.host,
-            "--port", str(port), "--device", device, "--log-level", config.log_level]
+def _replica_spec(config: UpConfig, i: int, name: str, settings: dict[str, Any], device: str,
+                  gpus: int, cores: int, k: int, python: str) -> ChildSpec:
+    """settings: the replica's EngineConfig / ServerSettings fields (UpConfig.replica_settings
+    and its role); its command line is what `kvgate engine` parses back into them."""
+    port = config.port + config.gateways + i
+    own: dict[str, Any] = {"host": config.host, "port": port, "device": device,
+                           "log_level": config.log_level}
     env: dict[str, str] = {}
     tp = config.tensor_parallel_size
     if device == "cuda":
@@ -155,21 +161,16 @@ def _replica_spec(config: UpConfig, i: int, port: int, device: str, gpus: int, c
         # Several torch processes that each use every core collapse (25x slower, measured):
         # split the cores between the replicas' processes (tp per replica) instead.
         threads = config.num_threads or max(1, cores // (k * tp))
-        argv += ["--num-threads", str(threads)]
+        own["num_threads"] = threads
         env["OMP_NUM_THREADS"] = str(threads)
     if tp > 1:
-        argv += ["--tensor-parallel-size", str(tp)]
-    if config.speculative_method:
-        argv += ["--speculative-method", config.speculative_method]
-    if config.quantization and "quantization" not in config.engine:
-        argv += ["--quantization", config.quantization]
+        own["tensor_parallel_size"] = tp
     if config.api_key and config.gateways == 0:  # no gateway in front: the replicas check the key
-        argv.append(f"--api-key={config.api_key}")  # "=": a key may start with "-"
-    extra = dict(config.engine)
-    # A replica must finish draining before the supervisor's SIGKILL.
-    extra.setdefault("drain_grace", max(1.0, config.shutdown_grace_s - 3.0))
-    argv += flags_from_mapping(extra)
-    return ChildSpec(f"replica-{i + 1}", REPLICA, argv, port, config.host, env)
+        own["api_key"] = config.api_key
+    if "drain_grace_s" not in settings:  # a replica must drain before the supervisor's SIGKILL
+        own["drain_grace_s"] = max(1.0, config.shutdown_grace_s - 3.0)
+    argv = [python, "-m", "kvgate.cli", "engine", *to_argv(REPLICA_SETTINGS, {**settings, **own})]
+    return ChildSpec(name, REPLICA, argv, port, config.host, env)
 
 
 def _gateway_spec(config: UpConfig, i: int, port: int, replicas: list[ChildSpec], redis_url: str | None,

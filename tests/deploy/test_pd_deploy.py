@@ -4,6 +4,7 @@ prefill and decode pod."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -11,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kvgate.cli import build_parser, engine_config_from_args
 from tests.deploy.deploy_paths import DEPLOY, load_yaml_documents
 from tests.deploy.test_compose_file import check_compose_schema, compose
 from tests.deploy.test_k8s_manifests import CRD_KINDS, K8S_VERSIONS, selects
@@ -22,13 +24,18 @@ def _flag(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
+def _kv_transfer(argv: list[str]) -> dict:
+    return json.loads(_flag(argv, "--kv-transfer-config"))
+
+
 def test_compose_override_validates_and_pairs_replica_1_with_replica_2():
     result = check_compose_schema(DEPLOY / "compose.pd.yaml")
     assert result.returncode == 0, result.stdout + result.stderr
     override = yaml.safe_load((DEPLOY / "compose.pd.yaml").read_text())["services"]
     prefill, decode = override["replica-1"]["command"], override["replica-2"]["command"]
-    assert _flag(prefill, "--role") == "prefill" and _flag(decode, "--role") == "decode"
-    assert _flag(decode, "--kv-transfer-address") == f"tcp://replica-2:{_flag(decode, '--kv-transfer-port')}"
+    assert _kv_transfer(prefill) == {"kv_role": "kv_producer"}
+    kv = _kv_transfer(decode)
+    assert kv["kv_role"] == "kv_consumer" and kv["kv_address"] == f"tcp://replica-2:{kv['kv_port']}"
     base = compose()["services"]
     for name in ("replica-1", "replica-2"):  # the base's command, plus the role's flags
         assert override[name]["command"][:len(base[name]["command"])] == base[name]["command"]
@@ -52,10 +59,10 @@ def test_overlay_objects_validate_strictly(version: str):
 def test_decode_pods_advertise_their_own_ip_on_the_port_they_expose():
     sts = _statefulset("decode")
     container = sts["spec"]["template"]["spec"]["containers"][0]
-    args = container["args"]
-    port = int(_flag(args, "--kv-transfer-port"))
-    assert _flag(args, "--role") == "decode" and _flag(args, "--kv-transfer-host") == "0.0.0.0"
-    assert _flag(args, "--kv-transfer-address") == f"tcp://$(POD_IP):{port}"
+    config = engine_config_from_args(build_parser().parse_args(container["args"]))  # as it starts
+    port = config.kv_transfer_port
+    assert (config.kv_role, config.kv_transfer_host) == ("decode", "0.0.0.0")
+    assert config.kv_transfer_address == f"tcp://$(POD_IP):{port}"
     assert {"name": "kv-transfer", "containerPort": port} in container["ports"]
     pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
     assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
@@ -63,7 +70,7 @@ def test_decode_pods_advertise_their_own_ip_on_the_port_they_expose():
     assert {"name": "kv-transfer", "port": port, "targetPort": "kv-transfer"} in service["spec"]["ports"]
     assert selects({"matchLabels": service["spec"]["selector"]}, sts["spec"]["template"]["metadata"]["labels"])
     prefill = _statefulset("prefill")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert _flag(prefill, "--role") == "prefill"
+    assert engine_config_from_args(build_parser().parse_args(prefill)).kv_role == "prefill"
 
 
 def test_gateway_config_lists_every_prefill_and_decode_pod(tmp_path):

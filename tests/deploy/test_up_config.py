@@ -3,12 +3,14 @@ per-replica thread split, GPU pinning, and Redis only when gateways share state.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 
 import pytest
 
-from kvgate.cli import build_parser
+from kvgate.cli import build_parser, engine_config_from_args, server_settings_from_args
+from backend_engine.config import EngineConfig
 from kvgate.launcher.command import config_from_args
 from kvgate.launcher.config import ConfigError, UpConfig
 from kvgate.launcher.plan import build_plan, count_gpus
@@ -21,6 +23,13 @@ def config_for(*argv: str) -> UpConfig:
 
 def argv_value(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
+
+
+def replica_config(argv: list[str]):
+    """What the replica's `kvgate engine` makes of the command line the plan gave it."""
+    assert argv[1:4] == ["-m", "kvgate.cli", "engine"]
+    args = build_parser().parse_args(argv[3:])
+    return engine_config_from_args(args), server_settings_from_args(args)
 
 
 def test_typed_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):
@@ -43,6 +52,16 @@ def test_defaults_without_a_file():
     ("port: eighty\n", "port must be a number"),
     ("policy: fastest\n", "unknown policy"),
     ("- a list\n", "mapping"),
+    ("engine:\n  num_kv_blockz: 64\n", "engine: unknown setting 'num_kv_blockz'; known: .*num_kv_blocks"),
+    ("engine:\n  num_kv_blocks: lots\n", "engine: num_kv_blocks: 'lots' is not an integer"),
+    ("engine:\n  block_size: 3\n", "engine: block_size must be a positive power of two"),
+    ("engine:\n  kv_transfer_config: {kv_timeout: 2}\n", "kv_transfer_config: unknown key.*kv_timeout_s"),
+    ("engine:\n  kv_transfer_config: {kv_role: kv_consumer}\n", "engine.kv_role` is set by kvgate up"),
+    ("engine:\n  num_speculative_tokens: 3\n", "top-level key `speculative_config`"),
+    ("speculative_config: {method: magic}\n", "speculative_config: method: 'magic' is not one of"),
+    ("engine: [1]\n", "`engine:` must be a mapping"),
+    ("engine:\n  served_model_name: x\n", "served_model_name has no flag of its own; .*--served-model-name"),
+    ("engine:\n  seed: null\n", "engine: seed: null is not a value here"),
 ])
 def test_bad_config_files_are_refused_with_the_key_named(tmp_path, text: str, message: str):
     path = tmp_path / "up.yaml"
@@ -83,13 +102,37 @@ def test_gpus_get_one_replica_each_pinned_by_cuda_visible_devices():
     assert all(argv_value(r.argv, "--device") == "cuda" and "--num-threads" not in r.argv for r in plan.replicas)
 
 
-def test_extra_engine_flags_and_drain_grace_reach_the_replicas():
-    config = UpConfig(engine={"num_kv_blocks": 64, "no_prefix_caching": True, "seed": None},
-                      speculative_method="ngram", shutdown_grace_s=10)
-    argv = build_plan(config, gpus=0, cores=2).replicas[0].argv
-    assert argv_value(argv, "--num-kv-blocks") == "64" and "--no-prefix-caching" in argv and "--seed" not in argv
-    assert argv_value(argv, "--speculative-method") == "ngram"
-    assert float(argv_value(argv, "--drain-grace")) < config.shutdown_grace_s
+def test_engine_settings_reach_the_replicas_as_the_engine_parses_them():
+    config = UpConfig(engine={"num_kv_blocks": 64, "enable_prefix_caching": False,
+                              "max_queue_delay_s": None, "engine_options": {"compiled": "off"},
+                              "kv_transfer_config": {"kv_timeout_s": 2}},
+                      speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+                      quantization="int8", model="tiny-random", shutdown_grace_s=10)
+    engine, server = replica_config(build_plan(config, gpus=0, cores=2).replicas[0].argv)
+    assert (engine.model, engine.quantization, engine.num_kv_blocks) == ("tiny-random", "int8", 64)
+    assert engine.enable_prefix_caching is False and engine.max_queue_delay_s is None
+    assert engine.engine_options == {"compiled": "off"} and engine.kv_transfer_timeout_s == 2.0
+    assert (engine.speculative_method, engine.num_speculative_tokens) == ("ngram", 3)
+    assert (engine.num_threads, engine.device, server.port) == (1, "cpu", 8001)
+    assert server.drain_grace_s < config.shutdown_grace_s
+
+
+def test_replicas_keep_the_engine_defaults_they_are_not_given():
+    engine, server = replica_config(build_plan(UpConfig(), gpus=0, cores=2).replicas[0].argv)
+    ours = {"num_threads": 1, "device": "cpu"}  # the plan's own; every other field the default
+    for f in dataclasses.fields(EngineConfig):
+        expected = ours.get(f.name, getattr(EngineConfig(), f.name))
+        assert getattr(engine, f.name) == expected, f.name
+
+
+def test_engine_keys_may_use_the_flags_spelling_and_options_come_from_the_file(tmp_path):
+    path = tmp_path / "up.yaml"
+    path.write_text("engine:\n  num-kv-blocks: '64'\n  engine_options: {decode: kernel}\n"
+                    "  drain_grace_s: 5\n")
+    engine, server = replica_config(build_plan(config_for("--config", str(path)), gpus=0,
+                                               cores=2).replicas[0].argv)
+    assert engine.num_kv_blocks == 64 and engine.engine_options == {"decode": "kernel"}
+    assert server.drain_grace_s == 5.0
 
 
 def test_gpu_count_comes_from_nvidia_smi(tmp_path, monkeypatch):
@@ -135,12 +178,13 @@ def test_prefill_and_decode_replicas_get_roles_ports_and_a_share_of_the_cores():
     config = config_for("--prefill-replicas", "1", "--decode-replicas", "2", "--model", "tiny-random")
     plan = build_plan(config, gpus=0, cores=6)
     assert [r.name for r in plan.replicas] == ["prefill-1", "decode-1", "decode-2"]
-    assert [argv_value(r.argv, "--role") for r in plan.replicas] == ["prefill", "decode", "decode"]
+    engines = [replica_config(r.argv)[0] for r in plan.replicas]
+    assert [e.kv_role for e in engines] == ["prefill", "decode", "decode"]
     assert [r.port for r in plan.replicas] == [8001, 8002, 8003]
     # decode replicas' KV receivers come after every HTTP port, one each
-    assert [argv_value(r.argv, "--kv-transfer-port") for r in plan.replicas[1:]] == ["8004", "8005"]
-    assert "--kv-transfer-port" not in plan.replicas[0].argv
-    assert all(argv_value(r.argv, "--num-threads") == "2" for r in plan.replicas)
+    assert [e.kv_transfer_port for e in engines] == [0, 8004, 8005]
+    assert [r.kv_port for r in plan.replicas] == [None, 8004, 8005]
+    assert all(e.num_threads == 2 for e in engines)
     gw = plan.gateways[0].argv
     assert [gw[i + 1] for i, a in enumerate(gw) if a == "--replica"] == [r.url for r in plan.replicas]
 
@@ -149,7 +193,7 @@ def test_whole_request_replicas_can_run_beside_a_pair():
     plan = build_plan(config_for("--replicas", "1", "--prefill-replicas", "1", "--decode-replicas", "1"),
                       gpus=0, cores=3)
     assert [r.name for r in plan.replicas] == ["replica-1", "prefill-1", "decode-1"]
-    assert "--role" not in plan.replicas[0].argv
+    assert "--kv-transfer-config" not in plan.replicas[0].argv
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -168,5 +212,5 @@ def test_pd_replicas_from_the_config_file(tmp_path):
     config = config_for("--config", str(path))
     assert (config.prefill_replicas, config.decode_replicas) == (2, 1)
     with pytest.raises(ConfigError, match="set by kvgate up"):
-        path.write_text("engine:\n  role: decode\n")
+        path.write_text("engine:\n  kv_role: decode\n")
         config_for("--config", str(path))

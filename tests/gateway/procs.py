@@ -85,7 +85,7 @@ class Proc:
 
 
 def replica(port: int | None = None, *extra: str) -> Proc:
-    """A tiny-model replica; `extra`: more `kvgate engine` flags (e.g. --role decode)."""
+    """A tiny-model replica; `extra`: more `kvgate engine` flags (e.g. --kv-transfer-config JSON)."""
     port = port or free_port()
     return Proc(["engine", "--model", MODEL, "--port", str(port), "--num-kv-blocks", "256",
                  "--enforce-eager",  # tests of serving, not of the compiled plan

@@ -16,8 +16,8 @@ MODEL = procs.MODEL
 
 @pytest.fixture(scope="module")
 def cluster():
-    prefill = procs.replica(None, "--role", "prefill", "--kv-transfer-timeout", "2")
-    decode = procs.replica(None, "--role", "decode", "--kv-transfer-timeout", "2")
+    prefill = procs.replica(None, "--kv-transfer-config", '{"kv_role": "kv_producer", "kv_timeout_s": 2}')
+    decode = procs.replica(None, "--kv-transfer-config", '{"kv_role": "kv_consumer", "kv_timeout_s": 2}')
     both = procs.replica()
     gw = procs.gateway([prefill.url, decode.url, both.url])
     names = {"prefill": prefill.url.split("//")[1], "decode": decode.url.split("//")[1],

@@ -15,19 +15,23 @@ from tests.gateway import procs
 from tests.gateway.tcp_proxy import FaultProxy
 
 MODEL = procs.MODEL
-TIMEOUT = "2"  # --kv-transfer-timeout: how soon a silent peer fails a transfer
+TIMEOUT = 2  # kv_timeout_s: how soon a silent peer fails a transfer
+
+
+def _kv_transfer(**config) -> tuple[str, str]:
+    return "--kv-transfer-config", json.dumps({"kv_timeout_s": TIMEOUT, **config})
 
 
 def _decode_proc(kv_port: int, proxy: FaultProxy, port: int | None = None) -> procs.Proc:
-    return procs.replica(port, "--role", "decode", "--kv-transfer-port", str(kv_port),
-                         "--kv-transfer-address", proxy.address, "--kv-transfer-timeout", TIMEOUT)
+    return procs.replica(port, *_kv_transfer(kv_role="kv_consumer", kv_port=kv_port,
+                                             kv_address=proxy.address))
 
 
 @pytest.fixture(scope="module")
 def cluster():
     kv_port = procs.free_port()
     proxy = FaultProxy(kv_port)
-    nodes = {"prefill": procs.replica(None, "--role", "prefill", "--kv-transfer-timeout", TIMEOUT),
+    nodes = {"prefill": procs.replica(None, *_kv_transfer(kv_role="kv_producer")),
              "decode": _decode_proc(kv_port, proxy), "both": procs.replica()}
     gw = procs.gateway([p.url for p in nodes.values()])
     try:  # stops every process even when one fails to start

@@ -1,5 +1,6 @@
 """--quantization reaches EngineConfig from `kvgate engine`, and every replica from `kvgate up`
-(flag or config file); bad values are refused naming the flag or key."""
+(flag or config file), as do the plan's developer overrides (--engine-option); bad values are
+refused naming the flag or key."""
 
 import pytest
 
@@ -13,6 +14,10 @@ def _up(*argv: str):
     return config_from_args(build_parser().parse_args(["up", *argv]))
 
 
+def argv_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
 def test_engine_flag_sets_the_method_and_group_size():
     args = build_parser().parse_args(["engine", "--quantization", "int4",
                                       "--quantization-group-size", "32"])
@@ -21,34 +26,18 @@ def test_engine_flag_sets_the_method_and_group_size():
     assert engine_config_from_args(build_parser().parse_args(["engine"])).quantization is None
 
 
-def test_engine_flag_sets_the_lm_head_format():
+def test_plan_overrides_reach_the_config_from_the_engine_flag_and_up(tmp_path):
     parse = build_parser().parse_args
-    assert engine_config_from_args(parse(["engine"])).lm_head_quantization == "w8a8"
-    for method in ("w8a8", "int8", "int4"):
-        args = parse(["engine", "--quantization", "int4", "--lm-head-quantization", method])
-        assert engine_config_from_args(args).lm_head_quantization == method
-
-
-def test_engine_flag_sets_the_decode_form_and_up_passes_it(tmp_path, capsys):
-    parse = build_parser().parse_args
-    assert engine_config_from_args(parse(["engine"])).quantized_decode == "auto"
-    for form in ("auto", "kernel", "template"):
-        args = parse(["engine", "--quantization", "int8", "--quantized-decode", form])
-        assert engine_config_from_args(args).quantized_decode == form
+    assert engine_config_from_args(parse(["engine"])).engine_options == {}
+    args = parse(["engine", "--quantization", "int8", "--engine-option", "decode=kernel",
+                  "--engine-option", "lm_head=int4"])
+    assert engine_config_from_args(args).engine_options == {"decode": "kernel", "lm_head": "int4"}
     path = tmp_path / "up.yaml"
-    path.write_text("quantization: int8\nengine: {quantized_decode: kernel}\n")
+    path.write_text("quantization: int8\nengine: {engine_options: {decode: kernel}}\n")
     for replica in build_plan(_up("--config", str(path)), gpus=0, cores=2).replicas:
-        assert replica.argv[replica.argv.index("--quantized-decode") + 1] == "kernel"
-    with pytest.raises(SystemExit):
-        parse(["engine", "--quantized-decode", "sometimes"])
-    assert "--quantized-decode" in capsys.readouterr().err
-
-
-def test_up_passes_the_lm_head_format_from_the_engine_section(tmp_path):
-    path = tmp_path / "up.yaml"
-    path.write_text("quantization: int4\nengine: {lm_head_quantization: int4}\n")
-    for replica in build_plan(_up("--config", str(path)), gpus=0, cores=2).replicas:
-        assert replica.argv[replica.argv.index("--lm-head-quantization") + 1] == "int4"
+        argv = replica.argv
+        assert argv_values(argv, "--engine-option") == ["decode=kernel"]
+        assert argv[argv.index("--quantization") + 1] == "int8"
 
 
 def test_engine_flag_refuses_unknown_methods(capsys):
@@ -70,20 +59,13 @@ def test_up_passes_the_method_to_every_replica(tmp_path, source):
         assert replica.argv[replica.argv.index("--quantization") + 1] == "int4"
 
 
-def test_engine_section_may_carry_it_too():
-    config = _up("--quantization", "int4")
-    config.engine = {"quantization": "int4"}
-    argv = build_plan(config, gpus=0, cores=2).replicas[0].argv
-    assert argv.count("--quantization") == 1
-
-
 def test_up_without_the_key_passes_no_flag():
     assert all("--quantization" not in r.argv for r in build_plan(_up(), gpus=0, cores=2).replicas)
 
 
 @pytest.mark.parametrize("text,message", [
-    ("quantization: fp4\n", "quantization must be one of"),
-    ("quantization: int4\nengine:\n  quantization: int8\n", "disagree")])
+    ("quantization: fp4\n", "quantization: 'fp4' is not one of none, int8, int4, awq, gptq"),
+    ("quantization: int4\nengine:\n  quantization: int8\n", "top-level key `quantization`")])
 def test_up_config_refuses_bad_quantization(tmp_path, text, message):
     path = tmp_path / "up.yaml"
     path.write_text(text)
