@@ -48,8 +48,9 @@ class EngineConfig:
                          choices=DTYPES)
     quantization: str | None = setting(
         None, "weights: int8 (per channel) / int4 (group-wise) quantise at load, a GGUF's "
-        "tensors load directly; awq/gptq load such checkpoints (default: the checkpoint's own, "
-        "else none)", choices=QUANTIZATIONS)
+        "tensors load directly; awq/gptq load such checkpoints; none dequantises a GGUF "
+        "(default: a GGUF as stored, in its nearest format; an AWQ/GPTQ checkpoint's own "
+        "method; else none)", choices=QUANTIZATIONS)
     device: str = setting("cpu", '"cpu", "cuda" or "cuda:N"')
     block_size: int = setting(16, "tokens per KV block (a power of two); gateways must use the "
                               "same")
