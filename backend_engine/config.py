@@ -187,3 +187,7 @@ class EngineConfig:
         if not isinstance(self.engine_options, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in self.engine_options.items()):
             raise ValueError("engine_options must map option names to strings")
+        from backend_engine.accel.plan import plan_for  # torch-free, as this module
+
+        plan_for(self.device, self.engine_options, one_rank=self.tensor_parallel_size == 1,
+                 enforce_eager=self.enforce_eager)  # a bad engine option is a PlanError

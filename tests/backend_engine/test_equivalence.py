@@ -15,7 +15,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 # quantised: prompt tokens through the tiles, generated ones through the kernel
-CASES = [("default", None), ("tiny-random", "int8"), ("tiny-random", "int4")]
+CASES = [("default", "none"), ("tiny-random", "int8"), ("tiny-random", "int4")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=["default", "tiny-int8", "tiny-int4"])
@@ -25,7 +25,7 @@ def case(request):
 
 @pytest.fixture(scope="module")
 def base_llm(case, request):
-    if case == ("default", None):
+    if case == ("default", "none"):
         return request.getfixturevalue("default_llm")
     llm = _llm(case, num_kv_blocks=512)
     assert llm.engine.runner.forward_pass.prompt_linear is not None  # a form of their own
@@ -33,7 +33,7 @@ def base_llm(case, request):
 
 
 def _llm(case, **kwargs):
-    if case[1] is not None:
+    if case[1] != "none":
         kwargs["engine_options"] = {"prompt": "tiles"}
     return LLM(case[0], enforce_eager=True, quantization=case[1], **kwargs)
 
