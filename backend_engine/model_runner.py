@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
+from backend_engine.accel.attention import get_attention_backend
 from backend_engine.accel.forward import PlannedForward
 from backend_engine.accel.plan import plan_for
 from backend_engine.accel.prepare import WeightPrep
-from backend_engine.attention.backend import get_attention_backend
 from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
                                                build_kernel_metadata)
 from backend_engine.config import EngineConfig
