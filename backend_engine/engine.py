@@ -35,7 +35,7 @@ from backend_engine.spec_decode.controller import SpecController
 from backend_engine.spec_decode.proposers import build_proposer
 from backend_engine.step_budget import QueueDrain, StepBudget, default_target_itl_ms
 from backend_engine.step_cost import StepCostModel, StepShape
-from backend_engine.structured.manager import StructuredOutputManager
+from backend_engine.structured_output_manager import StructuredOutputManager
 from routing.hashing import NAMESPACE_RULE, namespace_for
 
 log = logging.getLogger("kvgate.engine")
@@ -73,7 +73,7 @@ class LLMEngine:
     def _build_runner(self, config: EngineConfig, files):  # -> ModelRunner-like
         if config.tensor_parallel_size == 1:
             return ModelRunner(config, files.folder, self.hf_config, self.max_model_len)
-        from backend_engine.distributed.executor import TensorParallelExecutor
+        from backend_engine.executor.tensor_parallel import TensorParallelExecutor
 
         return TensorParallelExecutor(config, files.folder, self.hf_config, self.max_model_len,
                                       files.model_id)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
+from backend_engine.accel.attention import get_attention_backend
 from backend_engine.accel.forward import PlannedForward
 from backend_engine.accel.plan import plan_for
 from backend_engine.accel.prepare import WeightPrep
-from backend_engine.attention.backend import get_attention_backend
 from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
                                                build_kernel_metadata)
 from backend_engine.config import EngineConfig
@@ -22,9 +22,9 @@ from backend_engine.distributed.sharding import shard_layout, shard_state_dict
 from backend_engine.dtype import resolve_dtype
 from backend_engine.models.llama import LlamaModel
 from backend_engine.quant.loader import load_weights, resolve_quantization
+from backend_engine.rejection_sampler import verify_greedy, verify_sampled
 from backend_engine.sampler import Sampler, SamplerOutput, SamplingRow
 from backend_engine.sequence import Sequence
-from backend_engine.spec_decode.rejection import verify_greedy, verify_sampled
 from backend_engine.step_batch import StepBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -5,10 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend_engine.kv_block import KVBlock
 from backend_engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from backend_engine.structured.matcher import SequenceGrammar
 
 
 class SequenceStatus(enum.Enum):
@@ -44,7 +47,7 @@ class Sequence:
     stop_reason: str | int | None = None
     generator: Any = None  # torch.Generator when the request has a seed (runner-owned)
     priority: int = 0  # lower is served earlier (vLLM's convention)
-    grammar: Any = None  # structured outputs: this sample's SequenceGrammar (its matcher)
+    grammar: SequenceGrammar | None = None  # structured outputs: this sample's matcher
 
     def __post_init__(self) -> None:
         if not self.token_ids:

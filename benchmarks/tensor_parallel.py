@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from backend_engine.distributed.worker import available_cores
+from backend_engine.executor.worker import available_cores
 from backend_engine.llm import LLM
 from backend_engine.model_loader import resolve_model
 from backend_engine.process_env import cache_root

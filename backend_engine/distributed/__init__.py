@@ -1,11 +1,9 @@
 """Tensor parallelism: one replica across several devices, through torch.distributed (gloo on
-CPU, NCCL between GPUs). Rank 0 keeps the scheduler, block pool and server and sends each step's
-batch to the other ranks; every rank holds a Megatron-style shard of the weights and the KV of
-its own heads.
+CPU, NCCL between GPUs). Every rank holds a Megatron-style shard of the weights and the KV of
+its own heads; these are the primitives its model runner uses. The processes that run the ranks
+are the executor's (backend_engine/executor/).
 
     sharding.py  which rows/columns of each weight a rank holds, and the sizes that work
     group.py     the process group: all-reduce, logits gather, the step broadcast
     vocab.py     vocabulary-parallel embedding lookup and logits gather
-    worker.py    ranks 1..N-1: load the shard, then run every step rank 0 sends
-    executor.py  rank 0: start the workers, watch them, send steps, shut them down
 """

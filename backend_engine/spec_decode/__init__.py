@@ -1,1 +1,2 @@
-"""Speculative decoding: proposers (n-gram, draft model), lossless verification, the switch."""
+"""Speculative decoding: proposers (n-gram, draft model) and the switch; the runner verifies the
+drafts (rejection_sampler.py)."""

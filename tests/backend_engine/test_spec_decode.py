@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from backend_engine.llm import LLM
+from backend_engine.rejection_sampler import verify_greedy, verify_sampled
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.spec_decode.ngram import NgramProposer
-from backend_engine.spec_decode.rejection import verify_greedy, verify_sampled
 from tests.backend_engine.helpers import assert_no_leaks
 
 TEXT = ("Alice was beginning to get very tired of sitting by her sister on the bank, and of "

@@ -5,8 +5,7 @@ import sys
 import pytest
 import torch
 
-from backend_engine.attention.backend import (AttentionBackendUnavailableError,
-                                              get_attention_backend)
+from backend_engine.accel.attention import AttentionBackendUnavailableError, get_attention_backend
 from backend_engine.attention.metadata import build_kernel_metadata
 from backend_engine.attention.torch_backend import TorchAttention
 from tests.backend_engine.accel.cuda.paged_cases import random_paged_batch, step_metadata

@@ -27,9 +27,9 @@ import torch.multiprocessing as mp
 from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import init_group
 from backend_engine.distributed.sharding import check_tensor_parallel_size
-from backend_engine.distributed.worker import (PING, START_TIMEOUT_S, STOP, rank_config,
-                                               rank_device, run_worker)
 from backend_engine.errors import EngineError, ModelLoadError
+from backend_engine.executor.worker import (PING, START_TIMEOUT_S, STOP, rank_config, rank_device,
+                                            run_worker)
 from backend_engine.model_runner import ModelRunner, SeqResult, StepInputs
 from backend_engine.sampler import SamplingRow
 from backend_engine.sequence import Sequence

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from transformers import AutoConfig
 
 from backend_engine.config import EngineConfig
+from backend_engine.distributed.group import TensorParallelGroup, init_group
+from backend_engine.model_runner import ModelRunner
 
 STOP, PING = "stop", "ping"  # control messages on the step broadcast; anything else is a StepBatch
 START_TIMEOUT_S = 900.0  # loading a large shard; the supervisor's health timeout applies too
@@ -75,11 +78,6 @@ def run_worker(rank: int, size: int, store_port: int, config: EngineConfig, fold
                           timeout=timedelta(seconds=START_TIMEOUT_S))
     store.set(f"joined/{rank}", "1")
     try:
-        from transformers import AutoConfig
-
-        from backend_engine.distributed.group import init_group
-        from backend_engine.model_runner import ModelRunner
-
         config = rank_config(config, rank)
         group = init_group(store, rank, size, torch.device(config.device))
         runner = ModelRunner(config, folder, AutoConfig.from_pretrained(folder), max_model_len,
@@ -96,7 +94,7 @@ def run_worker(rank: int, size: int, store_port: int, config: EngineConfig, fold
     os._exit(0)
 
 
-def serve_steps(group, runner) -> None:  # noqa: ANN001 - TensorParallelGroup, ModelRunner
+def serve_steps(group: TensorParallelGroup, runner: ModelRunner) -> None:
     while True:
         try:
             message = group.receive_step()

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING
 
 import xgrammar as xgr
 
 from backend_engine.metrics import EngineStats
 from backend_engine.sampler import SamplingRow
+from backend_engine.sequence import Sequence
 from backend_engine.structured.bitmask import MaskRow, StepBitmask
 from backend_engine.structured.compiler import GrammarCompilerPool
 from backend_engine.structured.matcher import SequenceGrammar
 from backend_engine.structured.params import StructuredOutputsParams
-
-if TYPE_CHECKING:
-    from backend_engine.sequence import Sequence
 
 log = logging.getLogger("kvgate.engine")
 

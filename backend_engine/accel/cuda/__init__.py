@@ -1,0 +1,1 @@
+"""The CUDA path's Triton kernels: paged attention, KV stores, quantised matmuls."""
