@@ -1,12 +1,11 @@
 """Greedy token choice: the argmax of each row of logits, as `torch.argmax` gives it.
 
 ATen's CPU argmax walks a row one element at a time, while its max reduction (`amax`) is
-vectorised: over SmolLM2's 49,152-token vocabulary, argmax took ~130 µs for one row and
-1.2-1.6 ms for 16 (the whole lm_head of a 16-row int8 step is ~2.7 ms), amax 30 / 70 µs.
-So a row's maximum is found chunk by chunk with amax, and argmax runs only inside the first
-chunk holding it. The result is torch.argmax's to the index: the first maximal value wins, and
-a NaN counts as the maximum (amax propagates it, and argmax over the chunk maxima then picks the
-first chunk with one).
+vectorised: over a 49,152-token vocabulary argmax costs several times amax, and at 16 rows a
+sizeable share of the lm_head's own time. So a row's maximum is found chunk by chunk with
+amax, and argmax runs only inside the first chunk holding it. The result is torch.argmax's to
+the index: the first maximal value wins, and a NaN counts as the maximum (amax propagates it,
+and argmax over the chunk maxima then picks the first chunk with one).
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ The engine thread also builds the engine (loads, quantises, calibrates, compiles
 parallel torch op of the replica runs on that one thread. OpenMP (libgomp) gives each thread
 that enters a parallel region its own team of workers, and with more workers than CPUs it
 throttles their spinning, so every small op pays a wake-up: a model loaded on one thread and run
-on another decoded at 23-28 tok/s against 43-50 on the loading thread (SmolLM2 int4, c=1,
-2 cores)."""
+on another decodes far slower than on the loading thread."""
 
 from __future__ import annotations
 

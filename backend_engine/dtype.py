@@ -1,7 +1,7 @@
 """`--dtype auto`: the compute dtype a device runs fastest without losing the model's quality.
 
 bfloat16 where the hardware computes it natively: CUDA GPUs with bf16 (Ampere and later), and
-x86 CPUs with AVX512-BF16 or AMX-BF16, where bf16 matmuls measured 3-5x faster than fp32 here
+x86 CPUs with AVX512-BF16 or AMX-BF16, where bf16 matmuls run several times faster than fp32
 (and the KV cache, read in full every decode step, is half the bytes). float32 elsewhere: on a
 CPU without those instructions bf16 is emulated and slower than fp32. This is what vLLM users
 get on the same hardware (its CPU backend defaults to bf16)."""

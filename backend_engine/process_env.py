@@ -9,12 +9,13 @@ from pathlib import Path
 
 # How long an idle OpenMP worker spins before it sleeps. A decode step is hundreds of small
 # parallel regions, each of which wakes the workers: sleeping workers (OMP_WAIT_POLICY=PASSIVE)
-# made a SmolLM2 int4 step at c=1 1.6x slower than spinning ones, while long spins (libgomp's
-# default, 300,000) collapse 2-10x when another process holds a core, since a spinning worker
-# then eats the time slice of the thread it waits for. A short spin keeps most of the first and
-# bounds the second (measured on 2 cores: docs/engine/quantization.md, "OpenMP waiters"). An
-# explicit OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is: a replica with cores of its own
-# can spin longer (GOMP_SPINCOUNT=300000, libgomp's default), a crowded machine can sleep.
+# pay a futex round trip at every wake, which makes a one-sequence step much slower, while long
+# spins (libgomp's default, 300,000) collapse when another process holds a core, since a
+# spinning worker then eats the time slice of the thread it waits for. A short spin keeps most
+# of the first gain and bounds the second (benchmarks/results/history/measurements.md, "OpenMP
+# waiters"). An explicit OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is: a replica with
+# cores of its own can spin longer (GOMP_SPINCOUNT=300000, libgomp's default), a crowded
+# machine can sleep.
 OPENMP_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 DEFAULT_SPINCOUNT = "1000"
 
@@ -32,7 +33,7 @@ def set_process_defaults() -> None:
         os.environ["GOMP_SPINCOUNT"] = DEFAULT_SPINCOUNT
     # Inductor's kernels and graphs (the decode step, attention, the GEMM templates) go with the
     # weights, not to torch's default /tmp/torchinductor_<user>, which many systems empty at
-    # boot: a replica's start-up then compiles everything again (SmolLM2 on 2 cores: bf16 186 s
-    # instead of 30, int4 254 s instead of 51). vLLM keeps its own under ~/.cache/vllm likewise.
+    # boot: a replica's start-up would then compile everything again, several times slower than
+    # from the cache. vLLM keeps its own under ~/.cache/vllm likewise.
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")

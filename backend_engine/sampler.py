@@ -2,8 +2,8 @@
 top-k/top-p/min-p, greedy or seeded sampling, and logprobs (of the masked distribution).
 Vectorised over the batch; per-row loops only for seeded rows (each has its own generator).
 Draws are by inverse CDF with one uniform per row, over a partial top-k of the vocabulary when
-the filters allow it: a full sort and a random number per vocabulary entry cost 0.5 s a step at
-64 rows of a 49k vocabulary here."""
+the filters allow it: a full sort and a random number per vocabulary entry cost a large share
+of a step at a large batch of a large vocabulary."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ class Sampler:
         """The distribution sampling draws from (temperature, then min-p, top-k, top-p), as
         dense probabilities, or as the probabilities of candidate token ids [rows, k] when
         every row's top-k / top-p support lies within its k most likely tokens: a partial
-        top-k instead of sorting the whole vocabulary (64 rows x 49,152: 10x cheaper)."""
+        top-k instead of sorting the whole vocabulary (far cheaper at a large vocabulary)."""
         probs = self._tempered(logits, rows)
         top_k = [r.params.top_k for r in rows]
         top_p = [r.params.top_p for r in rows]

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from backend_engine.step_cost import StepCostModel, StepShape
 
-# CPU: 250 ms, the mean ITL of trace_load's goodput SLO. Measured on its burst (2 cores): 150 ms
-# held ITL p99 to 0.34 s but left prefill chunks so small that output tok/s and TTFT p99 only
-# matched llama.cpp's; 250 ms retires 9 % more work per second (docs/benchmarks/trace-load.md).
+# CPU: 250 ms, the mean ITL of trace_load's goodput SLO. Under its burst a tighter target held
+# ITL p99 lower but left prefill chunks so small that output tok/s and TTFT p99 only matched
+# llama.cpp's (docs/benchmarks/trace-load.md).
 DEFAULT_TARGET_ITL_MS = {"cpu": 250.0, "cuda": 40.0}
 
 

@@ -11,8 +11,9 @@ Formats: fp32 (the reference: the GGUF's Q4_1 weights dequantised), bf16, int8 a
 (quantised at load from those fp32 weights, group 32 (the default) and 64; SmolLM2's 576 input
 features rule out 128), and `gguf-int4`, the GGUF's own 4-bit tensors loaded as stored (by
 construction the reference's values, so its ratio measures only the kernels' bf16 activations
-and the lm_head). The lm_head is the default w8a8 (int8 weights times int8 activations per row);
-`-lm8` rows take `--engine-option lm_head=int8` (weight-only), `int4-lm4` takes `int4`. Ends with
+and the lm_head). The lm_head is the plan's for this CPU (w8a8, int8 weights times int8
+activations per row, where the CPU has int8 dot products; else int8); `-lm8` rows take
+`--engine-option lm_head=int8` (weight-only), `int4-lm4` takes `int4`. Ends with
 one line of JSON with the ppl ratios and greedy agreements of int8, int4 and those rows.
 """
 

@@ -8,14 +8,15 @@ wave by wave, each while the others stand idle, with the same streaming /v1/comp
 - aggregate tok/s at c=16: 16 concurrent requests, all output tokens / wall time;
 - prefill tok/s: one ~1,000-token prompt at a time, max_tokens=1, prompt tokens / time;
 - weight MB: what the replica's model holds (the GGUF's size for llama.cpp).
-Interleaved, a server's figure and its neighbour's come from the same minutes: this VM's speed
-drifts by 20-40 % from one quarter-hour to the next, and measured one after the other (as
-before 2026-12-02) the c=1 ratio swung from 0.75 to 1.26 in three runs ten minutes apart.
+Interleaved, a server's figure and its neighbour's come from the same minutes: a shared
+machine's speed drifts from one quarter-hour to the next, and servers measured one after the
+other gave ratios that swung more between runs than the servers differ.
 Prompts are distinct ~110-token windows of the evaluation text (no prefix-cache hits), outputs
 128 tokens (ignore_eos). kvgate's quantised rows run with --dtype bfloat16 (the CPU kernels'
 activation dtype). Both servers run their OpenMP workers with libgomp's default spin (each has
 the cores to itself; `--omp-spin-count` changes kvgate's). The quantised rows' lm_head is the
-default w8a8 (int8 weights times int8 activations, as llama.cpp computes its Q8_0 output);
+plan's for this CPU (backend_engine/accel/plan.py: w8a8, int8 weights times int8 activations
+as llama.cpp computes its Q8_0 output, where the CPU has int8 dot products; else int8);
 `int4-lm8` is int4 with `--engine-option lm_head=int8` (weight-only), `int4-lm4` with `int4`.
 Ends with one line of JSON with int4_c1_vs_llamacpp and int4_c16_vs_llamacpp (and the
 int4_lm8_ and int4_lm4_ ones).

@@ -66,7 +66,7 @@ class TorchAttention:
         batch, heads, head_dim = q.shape
         kv_heads = k_cache.shape[2]
         width = kv_heads * head_dim
-        blocks = group.block_tables.view(-1)  # index_select: a memcpy per block, 5x aten::index
+        blocks = group.block_tables.view(-1)  # index_select: a memcpy per block, not aten::index
         k = k_cache.index_select(0, blocks).view(batch, -1, width)
         v = v_cache.index_select(0, blocks).view(batch, -1, width)
         spread = _head_spread(kv_heads, heads // kv_heads, q.dtype, q.device)
@@ -88,7 +88,7 @@ class TorchAttention:
         # q [Q, H, D], k/v [L, KVH, D] with L >= Q: the chunk's queries are the last Q positions
         q_len, ctx_len = q.shape[0], k.shape[0]
         # [1, H, L, D]: with a batch dimension torch takes its flash kernel on CPU; 3-D inputs
-        # fell back to the math path (scores materialised; 3x slower at 512 x 512 to 4,096)
+        # fell back to the math path (scores materialised, several times slower)
         qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         if q_len == ctx_len:
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale,

@@ -1,1 +1,1 @@
-"""The replica's OpenAI-compatible HTTP server over the async engine (see docs/server.md)."""
+"""The replica's OpenAI-compatible HTTP server over the async engine (see docs/api/index.md)."""

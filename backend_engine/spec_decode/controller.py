@@ -3,8 +3,8 @@ while a CPU or GPU step is bound by reading the weights (small batches), and a l
 step becomes compute-bound (vLLM has seen 1.8x slowdowns at high load). So speculation is off
 for large batches, and off for a sequence while its recent drafts are mostly rejected, with a
 periodic probe to notice when they start paying again. A verification step of 1 + k tokens costs
-about 1.5-1.8 plain decode steps on the reference CPU, so drafts pay only when more than about
-0.4 of them are accepted: that is the default bar."""
+more than a plain decode step, so drafts pay only when enough of them are accepted; 0.4 is the
+default bar."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ def _build(params: StructuredOutputsParams) -> xgr.Grammar:
 class GrammarCompilerPool:
     def __init__(self, tokenizer_info: Callable[[], xgr.TokenizerInfo], max_cached: int = 256,
                  num_threads: int = 1, on_compiled: Callable[[float], None] | None = None):
-        self._tokenizer_info = tokenizer_info  # built lazily, on the worker (it takes ~0.5 s)
+        self._tokenizer_info = tokenizer_info  # built lazily, on the worker (it is slow to build)
         self._compiler: xgr.GrammarCompiler | None = None
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="kvgate-grammar")
         self._futures: OrderedDict[tuple[str, str], Future] = OrderedDict()

@@ -6,7 +6,9 @@ The pages under `reference/cli/` come from the argparse parsers of `kvgate engin
 (backend_engine/cli_fields.py) or, without one, the comments beside it. Nothing here lists a
 flag or a key, so a flag added to a parser is in the next build's reference.
 The benchmark plots in `benchmarks/results/` are served as `benchmarks/plots/`, the results
-files as `benchmarks/results/`, listed on a generated page, `benchmarks/results-files.md`.
+files as `benchmarks/results/`, listed on a generated page, `benchmarks/results-files.md`, and
+`benchmarks/results/history/measurements.md` (figures recorded before results files existed) as
+`benchmarks/history.md`.
 
     python docs/hooks/reference.py OUT_DIR      # write the same pages to a folder, to read them
 """
@@ -73,6 +75,7 @@ COMMANDS = (
     CommandPage("up", "reference/cli/up.md", (UP_CONFIG,)),
 )
 PLOTS = ROOT / "benchmarks" / "results"
+HISTORY = PLOTS / "history" / "measurements.md"  # figures recorded before results files
 
 
 # --- config dataclasses ---------------------------------------------------------------------
@@ -327,6 +330,7 @@ def on_files(files, config):  # noqa: ANN001, ANN201 - MkDocs' hook signature
     files.append(File.generated(config, "benchmarks/results-files.md", content=results_index(PLOTS)))
     for result in sorted(PLOTS.glob("*.json")):
         files.append(File.generated(config, f"benchmarks/results/{result.name}", abs_src_path=str(result)))
+    files.append(File.generated(config, "benchmarks/history.md", abs_src_path=str(HISTORY)))
     return files
 
 
