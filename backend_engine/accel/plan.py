@@ -14,7 +14,7 @@ reader finds the code from this table. The replica logs its plan in one line at 
 | `cpu`        | fp   | dense    | dense     | dense | yes |
 | `cpu`        | int8, int4 | kernel | kernel | int8 | yes |
 | `cuda`       | fp   | dense    | dense     | dense | no  |
-| `cuda`       | int8, int4 | triton | triton | triton (int8) | no |
+| `cuda`       | int8, int4 | triton | triton | int8 | no |
 
 Device classes: `cpu-amx`, x86 with AMX tiles (bf16 and int8 GEMMs in hardware);
 `cpu-avx512`, x86 with AVX512-VNNI and no AMX (int8 dot products); `cpu`, any other CPU (AVX2

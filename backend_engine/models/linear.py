@@ -1,7 +1,7 @@
 """The one linear interface: `linear(x, weight, bias)`, whatever the weight's format.
 
 A weight is an fp tensor in the compute dtype, or a quantised weight laid out for its device's
-kernels (quant/prepare.py), whose class names its `kind`. What multiplies a quantised weight is a
+kernels (accel/prepare.py), whose class names its `kind`. What multiplies a quantised weight is a
 *form*; a `Linear` holds one form per kind, and the execution plan (accel/plan.py) gives each
 kind of row its Linear. The model code only ever calls a Linear, so it has no format branch.
 
