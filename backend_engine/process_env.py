@@ -4,6 +4,7 @@ points (`kvgate engine`, the test suite, the benchmarks) call `set_process_defau
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -22,7 +23,7 @@ DEFAULT_SPINCOUNT = "1000"
 
 def cache_root() -> Path:
     """Where kvgate keeps what it builds once: converted weights (`models/`) and Inductor's
-    compiled code (`inductor/`). `KVGATE_CACHE_DIR`, else ~/.cache/kvgate."""
+    compiled code (`inductor/<code digest>/`). `KVGATE_CACHE_DIR`, else ~/.cache/kvgate."""
     return Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
 
 
@@ -36,4 +37,16 @@ def set_process_defaults() -> None:
     # boot: a replica's start-up would then compile everything again, several times slower than
     # from the cache. vLLM keeps its own under ~/.cache/vllm likewise.
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache())
+
+
+def inductor_cache() -> Path:
+    """Inductor's folder under the cache root, one per version of the code it compiles (a digest
+    of accel/ and models/): its cache keys do not cover a custom op's fake implementation, so an
+    op whose output dtype changed was loaded compiled for the old one (NaN logits)."""
+    digest = hashlib.blake2b(digest_size=6)
+    here = Path(__file__).parent
+    for path in sorted([*(here / "accel").rglob("*.py"), *(here / "models").rglob("*.py")]):
+        digest.update(path.relative_to(here).as_posix().encode())
+        digest.update(path.read_bytes())
+    return cache_root() / "inductor" / digest.hexdigest()

@@ -12,7 +12,7 @@ reader finds the code from this table. The replica logs its plan in one line at 
 | `cpu-avx512` | fp   | dense    | dense     | dense | yes |
 | `cpu-avx512` | int8, int4 | kernel | int8_sums | w8a8 | yes |
 | `cpu`        | fp   | dense    | dense     | dense | yes |
-| `cpu`        | int8, int4 | kernel | kernel | int8 | yes |
+| `cpu`        | int8, int4 | kernel | tiles | int8 | yes |
 | `cuda`       | fp   | dense    | dense     | dense | no  |
 | `cuda`       | int8, int4 | triton | triton | int8 | no |
 
@@ -25,8 +25,8 @@ verify, recomputed tokens) take the decode form too. So which form a token takes
 place in its sequence alone, and a sequence's tokens do not depend on its batch.
 
 Forms (accel/forms.py): `dense` F.linear in the compute dtype; `kernel` torch's weight-only
-int8/int4 kernels; `tiles` the weight dequantised to bf16, then GEMMs over fixed 64-row tiles
-(accel/cpu/tiles.py); `template` Inductor's C++ GEMM template with the weight frozen into the
+int8/int4 kernels; `tiles` the weight dequantised (bf16 where the CPU computes it natively, else
+fp32), then GEMMs over fixed 64-row tiles (accel/cpu/tiles.py); `template` Inductor's C++ GEMM template with the weight frozen into the
 graph (int8 decode rows: the whole decode step's graph, accel/decode_step.py, when every layer
 weight is int8; int4 prompt rows: a graph per weight, accel/cpu/template.py); `int8_sums` int8
 weights (int4 ones requantised per call) times the activations as two int8 digits, summed
@@ -56,8 +56,8 @@ TABLE: dict[str, dict[str, tuple[str, str]]] = {
                 "int4": ("kernel", "template")},
     "cpu-avx512": {"fp": ("dense", "dense"), "int8": ("kernel", "int8_sums"),
                    "int4": ("kernel", "int8_sums")},
-    "cpu": {"fp": ("dense", "dense"), "int8": ("kernel", "kernel"),
-            "int4": ("kernel", "kernel")},
+    "cpu": {"fp": ("dense", "dense"), "int8": ("kernel", "tiles"),
+            "int4": ("kernel", "tiles")},
     "cuda": {"fp": ("dense", "dense"), "int8": ("triton", "triton"),
              "int4": ("triton", "triton")},
 }

@@ -2,6 +2,7 @@
 kvgate's defaults, unless the user says where; and Inductor really writes there."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +20,29 @@ def _run(code: str, **env: str) -> str:
 def test_default_is_under_the_cache_root(tmp_path):
     out = _run("import os; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])",
                KVGATE_CACHE_DIR=str(tmp_path))
-    assert Path(out) == tmp_path / "inductor"
+    assert Path(out).parent == tmp_path / "inductor"
+
+
+def test_the_folder_changes_with_the_code_it_compiles(tmp_path, monkeypatch):
+    """Inductor's keys miss a custom op's fake implementation: a change to accel/ or models/
+    must not load graphs compiled for the code before it."""
+    from backend_engine import process_env
+
+    monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path))
+    before = process_env.inductor_cache()
+    assert before == process_env.inductor_cache()  # stable for one version of the code
+    source = tmp_path / "backend_engine"
+    shutil.copytree(Path(process_env.__file__).parent, source,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (source / "accel" / "forms.py").write_text((source / "accel" / "forms.py").read_text() + "#")
+    monkeypatch.setattr(process_env, "__file__", str(source / "process_env.py"))
+    assert process_env.inductor_cache() != before
 
 
 def test_without_kvgate_cache_dir_it_is_the_home_cache(tmp_path):
     out = _run("import os; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])",
                HOME=str(tmp_path))
-    assert Path(out) == tmp_path / ".cache" / "kvgate" / "inductor"
+    assert Path(out).parent == tmp_path / ".cache" / "kvgate" / "inductor"
 
 
 def test_an_explicit_setting_is_kept(tmp_path):

@@ -33,7 +33,7 @@ import torch._functorch.config as functorch_config
 
 from backend_engine.accel.compile import Compiled, own_copy
 from backend_engine.accel.cpu.kernels import KERNEL_DTYPE, CpuInt4Weight
-from backend_engine.accel.cpu.tiles import int4_tiled_mm
+from backend_engine.accel.cpu.tiles import GEMM_DTYPE, int4_tiled_mm
 
 log = logging.getLogger(__name__)
 
@@ -193,13 +193,14 @@ def int4_template_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: to
     weight in tiles where none is attached; one op, so compiled layers call it as it is."""
     template = lookup(packed)
     y = template(x) if template is not None else None
-    return y if y is not None else int4_tiled_mm(x, packed, scales_and_zeros, group_size)
+    return y.to(GEMM_DTYPE) if y is not None else int4_tiled_mm(x, packed, scales_and_zeros,
+                                                                 group_size)
 
 
 @int4_template_mm.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
       group_size: int) -> torch.Tensor:
-    return x.new_empty(x.shape[0], packed.shape[0], dtype=KERNEL_DTYPE)
+    return x.new_empty(x.shape[0], packed.shape[0], dtype=GEMM_DTYPE)
 
 
 def int4_template(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:

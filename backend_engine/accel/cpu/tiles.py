@@ -1,12 +1,13 @@
-"""The `tiles` form of prompt rows: a quantised CPU weight dequantised to bf16, then GEMMs over
-fixed row tiles.
+"""The `tiles` form of prompt rows: a quantised CPU weight dequantised for the call, then GEMMs
+over fixed row tiles.
 
 torch's weight-only kernels (kernels.py) stream a row at a time: at one row they beat any GEMM,
-but from ~16 rows on they are several times slower than bf16's GEMM on CPUs that compute bf16 in
-hardware (AMX). A prompt's rows come in hundreds, so there they take this form: the weight
-dequantised to bf16 for the call (int8: the values, exact in bf16, with the channel scales
-applied to the output; int4: (q - 8) * scale + zero per group, rounded once to bf16), then
-`torch.mm` over tiles of exactly `TILE_ROWS` rows, the last one padded with zero rows.
+but from ~64 rows on they are slower than a GEMM (several times on CPUs that compute bf16 in
+hardware). A prompt's rows come in hundreds, so there they take this form: the weight
+dequantised to `GEMM_DTYPE` (bf16 where the CPU computes it natively, fp32 elsewhere) for the
+call (int8: the values, exact in both, with the channel scales applied to the output; int4:
+(q - 8) * scale + zero per group, rounded once), then `torch.mm` over tiles of exactly
+`TILE_ROWS` rows, the last one padded with zero rows.
 
 Why tiles: a BLAS GEMM picks its blocking (and so its summation order) from the row count, so
 one call over 37 rows and one over 512 give a row different bits. Every tile here has the same
@@ -24,16 +25,21 @@ from __future__ import annotations
 import torch
 
 from backend_engine.accel.compile import Compiled
-from backend_engine.accel.cpu.kernels import KERNEL_DTYPE, CpuInt4Weight, CpuInt8Weight
+from backend_engine.accel.cpu.kernels import CpuInt4Weight, CpuInt8Weight
+from backend_engine.dtype import cpu_has_native_bf16
+
+# the GEMMs' dtype: bf16 where the CPU computes it in hardware (AVX512-BF16, AMX), else fp32,
+# whose GEMM there beats bf16's emulated one several times (a fact of the CPU, read once)
+GEMM_DTYPE = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 TILE_ROWS = 64  # rows per GEMM call (measured: 32 was ~1.4x slower at 512 rows, 128 pads more)
 
 
 def tiled_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight_t [K, N] in bf16, as calls over `TILE_ROWS` rows each."""
+    """x [M, K] @ weight_t [K, N] in weight_t's dtype, as calls over `TILE_ROWS` rows each."""
     m = x.shape[0]
     pad = -m % TILE_ROWS
-    x = x.to(KERNEL_DTYPE)
+    x = x.to(weight_t.dtype)
     if pad:
         x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
     out = x.new_empty(m + pad, weight_t.shape[1])
@@ -91,24 +97,24 @@ def int4_layout_checked() -> bool:
 
 def dequantize_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor,
                     group_size: int) -> torch.Tensor:
-    """The grouped weight in bf16 [N_padded, K], from the kernel's own layout."""
+    """The grouped weight in `GEMM_DTYPE` [N_padded, K], from the kernel's own layout."""
     n, k = packed.shape[0], packed.shape[1] * 2
     v = unpack_int4(packed).view(n, k // group_size, group_size).float() - 8.0
     sz = scales_and_zeros.float()  # [K // group_size, N, 2]
     scales, zeros = sz[..., 0].t()[..., None], sz[..., 1].t()[..., None]
-    return (v * scales + zeros).view(n, k).to(KERNEL_DTYPE)
+    return (v * scales + zeros).view(n, k).to(GEMM_DTYPE)
 
 
 @torch.library.custom_op("kvgate::int8_tiled_mm", mutates_args=())
 def int8_tiled_mm(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ the int8 values' transpose (exact in bf16), in `TILE_ROWS`-row tiles; one op,
     so compiled layers do not trace the conversion into their dynamic-row graph."""
-    return tiled_mm(x, qweight.to(KERNEL_DTYPE).t())
+    return tiled_mm(x, qweight.to(GEMM_DTYPE).t())
 
 
 @int8_tiled_mm.register_fake
 def _(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape[0], qweight.shape[0], dtype=KERNEL_DTYPE)
+    return x.new_empty(x.shape[0], qweight.shape[0], dtype=GEMM_DTYPE)
 
 
 _fused_dequantize = Compiled(dequantize_int4, "the int4 dequantisation", per_shape=True)
@@ -125,7 +131,7 @@ def int4_tiled_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch
 @int4_tiled_mm.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
       group_size: int) -> torch.Tensor:
-    return x.new_empty(x.shape[0], packed.shape[0], dtype=KERNEL_DTYPE)
+    return x.new_empty(x.shape[0], packed.shape[0], dtype=GEMM_DTYPE)
 
 
 def int8_tiles(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:

@@ -69,7 +69,10 @@ def test_compiled_layers_and_the_decode_step_give_the_eager_logits(production, m
     compiled = _decode_logits(production, tokens, 10)
     _eager(monkeypatch, production)
     eager = _decode_logits(production, tokens, 10)
-    torch.testing.assert_close(compiled, eager, atol=1e-4 * eager.abs().max().item(), rtol=0)
+    # fp32 weights: fused fp32 ops round apart by ulps; quantised kernels return bf16, so those
+    # ulps may flip a bf16 rounding: about one bf16 step (2^-8) of the largest logit
+    bound = 1e-4 if production.engine.config.quantization is None else 1e-2
+    torch.testing.assert_close(compiled, eager, atol=bound * eager.abs().max().item(), rtol=0)
 
 
 def test_the_plan_answers_as_the_reference_path(production):
@@ -86,6 +89,28 @@ def test_the_plan_answers_as_the_reference_path(production):
     fast = [o.outputs[0] for o in production.generate(PROMPTS, params)]
     ref = [o.outputs[0] for o in reference.generate(PROMPTS, params)]
     assert_answers_close(fast, ref, 1e-3 if quantization is None else 0.1)
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def reference_llm(request):
+    return LLM("tiny-random", num_kv_blocks=256, quantization=request.param,
+               max_num_batched_tokens=64, engine_options={"plan": "reference"})
+
+
+@pytest.mark.parametrize("prompt_form", ["kernel", "tiles", "int8_sums"])
+def test_every_prompt_form_answers_as_the_reference_path(reference_llm, prompt_form):
+    """The forms of other device classes' plans, run here eager: the reference path's answers
+    within 0.15 (the plan's own bound, widened for int8_sums, which requantises int4 weights to
+    int8 per channel for the call; the template form is Inductor's, tested where it builds:
+    tests/backend_engine/accel/cpu/test_template.py)."""
+    quantization = reference_llm.engine.config.quantization
+    llm = LLM("tiny-random", num_kv_blocks=256, quantization=quantization,
+              max_num_batched_tokens=64, enforce_eager=True,
+              engine_options={"prompt": prompt_form})
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+    fast = [o.outputs[0] for o in llm.generate(PROMPTS, params)]
+    ref = [o.outputs[0] for o in reference_llm.generate(PROMPTS, params)]
+    assert_answers_close(fast, ref, 0.15)
 
 
 def test_decode_rows_run_as_one_graph(production, monkeypatch):
