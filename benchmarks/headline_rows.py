@@ -52,6 +52,8 @@ def kvgate_weights(quantization: str | None, dtype: str) -> str:
 def trace_load(doc: dict) -> str:
     a, engine = args(doc), doc["results"].get("engine") or {}
     quant = engine.get("quantization")
+    if quant is None and a.get("model", "default") == "default":
+        quant = "int4"  # the default GGUF (Q4_1) is served as stored
     dtype = engine_dtype(engine.get("dtype"), doc["machine"])
     split = "".join(f", {v} {k}" for k, v in (("replicas", a.get("replicas")),
                                               ("threads each", a.get("threads"))) if v)
@@ -95,7 +97,7 @@ def spec_decode(doc: dict) -> str:
 
 
 ROWS: tuple[Row, ...] = (
-    Row("trace_load", trace_load, TRACE_FIGURES, like_for_like="trace_load_int4"),
+    Row("trace_load", trace_load, TRACE_FIGURES),
     Row("trace_load", trace_load, TRACE_FIGURES, file="trace_load_int4"),
     Row("serve_bench", "{results[replicas]} live CPU replicas of the default model, the same engine and "
         "weights under every policy, multi-tenant workload: kvgate routing vs round robin, 1 gateway",
