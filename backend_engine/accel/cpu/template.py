@@ -33,7 +33,7 @@ import torch._functorch.config as functorch_config
 
 from backend_engine.accel.compile import Compiled, own_copy
 from backend_engine.accel.cpu.kernels import KERNEL_DTYPE, CpuInt4Weight
-from backend_engine.accel.cpu.tiles import GEMM_DTYPE, int4_tiled_mm
+from backend_engine.accel.cpu.tiles import GEMM_DTYPE, int4_call, int4_tiled_mm
 
 log = logging.getLogger(__name__)
 
@@ -204,9 +204,4 @@ def _(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
 
 
 def int4_template(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
-    if w.perm is not None:
-        x = x.index_select(1, w.perm)
-    y = int4_template_mm(x, w.packed, w.scales_and_zeros, w.group_size)
-    if y.shape[1] != w.out_features:
-        y = y[:, :w.out_features].contiguous()
-    return y.to(x.dtype)
+    return int4_call(int4_template_mm, x, w)

@@ -139,10 +139,16 @@ def int8_tiles(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-def int4_tiles(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
+def int4_call(op, x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
+    """An int4 prompt op (x, packed, scales_and_zeros, group_size) over w: the input channels in
+    the groups' order (GPTQ act-order), the padding channels dropped, x's dtype back."""
     if w.perm is not None:
         x = x.index_select(1, w.perm)
-    y = int4_tiled_mm(x, w.packed, w.scales_and_zeros, w.group_size)
+    y = op(x, w.packed, w.scales_and_zeros, w.group_size)
     if y.shape[1] != w.out_features:
         y = y[:, :w.out_features].contiguous()
     return y.to(x.dtype)
+
+
+def int4_tiles(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
+    return int4_call(int4_tiled_mm, x, w)
