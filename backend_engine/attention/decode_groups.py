@@ -27,9 +27,8 @@ class DecodeGroup:
 def decode_groups(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                   bytes_per_token: int, device: torch.device, dtype: torch.dtype,
                   max_padding: float = MAX_PADDING,
-                  max_group_bytes: int = MAX_GROUP_BYTES, bias: bool = True) -> list[DecodeGroup]:
-    """Groups covering every decode row once. bytes_per_token: K + V of one token, one layer;
-    bias: build the additive mask (the compiled path masks by context length instead)."""
+                  max_group_bytes: int = MAX_GROUP_BYTES) -> list[DecodeGroup]:
+    """Groups covering every decode row once. bytes_per_token: K + V of one token, one layer."""
     lens = context_lens.tolist()
     order = sorted(range(len(lens)), key=lens.__getitem__, reverse=True)
     max_tokens = max(block_size, max_group_bytes // max(1, bytes_per_token))
@@ -44,17 +43,17 @@ def decode_groups(block_tables: torch.Tensor, context_lens: torch.Tensor, block_
                 continue
         groups.append([i])
     whole = len(groups) == 1 and order == list(range(len(lens)))
-    return [_group(g, lens, block_tables, block_size, device, dtype, whole, bias) for g in groups]
+    return [_group(g, lens, block_tables, block_size, device, dtype, whole) for g in groups]
 
 
 def _group(rows: list[int], lens: list[int], block_tables: torch.Tensor, block_size: int,
-           device: torch.device, dtype: torch.dtype, whole: bool, with_bias: bool) -> DecodeGroup:
+           device: torch.device, dtype: torch.dtype, whole: bool) -> DecodeGroup:
     num_blocks = -(-lens[rows[0]] // block_size)
     index = torch.tensor(rows, dtype=torch.long)
     tables = block_tables.index_select(0, index.to(block_tables.device))[:, :num_blocks]
     group_lens = torch.tensor([lens[r] for r in rows])
     bias = None
-    if with_bias and int(group_lens.min()) < num_blocks * block_size:
+    if int(group_lens.min()) < num_blocks * block_size:
         positions = torch.arange(num_blocks * block_size)
         past = positions.unsqueeze(0) >= group_lens.unsqueeze(1)
         bias = torch.zeros(past.shape, dtype=dtype).masked_fill_(past, float("-inf"))
