@@ -24,6 +24,7 @@ class ClusterSpec:
     num_kv_blocks: int = 256
     num_threads: int = 1  # 4 replicas on 2 cores: one torch thread each, never oversubscribed
     max_num_seqs: int = 16
+    enforce_eager: bool = False  # True: replicas start without compiling (a smoke run's quick start)
 
 
 def _free_base_port(count: int, host: str = "127.0.0.1") -> int:
@@ -39,7 +40,7 @@ def bench_config(spec: ClusterSpec, log_dir: Path) -> UpConfig:
     """The `kvgate up` configuration of a benchmark cluster described by `spec`."""
     return UpConfig(
         model=spec.model, replicas=spec.replicas, gateways=spec.gateways, policy=spec.policy,
-        device="cpu", num_threads=spec.num_threads,
+        device="cpu", num_threads=spec.num_threads, enforce_eager=spec.enforce_eager,
         engine={"num_kv_blocks": spec.num_kv_blocks, "max_num_seqs": spec.max_num_seqs},
         # Stopping between policies should be quick; nothing is in flight by then.
         shutdown_grace_s=5.0, health_timeout_s=300.0, log_dir=str(log_dir), log_level="warning")

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import os
+import threading
 
 
 class WakePipe:
+    """`wake` may race `close` (an engine thread notifying while the transfer thread stops): a
+    lock makes a wake after close a no-op, never a write to a closed, or reused, descriptor."""
+
     def __init__(self) -> None:
         self.fd, self._write_fd = os.pipe()  # poll `fd` (zmq.POLLIN) beside the sockets
         os.set_blocking(self.fd, False)
+        os.set_blocking(self._write_fd, False)
+        self._lock = threading.Lock()
+        self._closed = False
 
     def wake(self) -> None:
-        try:
-            os.write(self._write_fd, b"x")
-        except BlockingIOError:  # the pipe is full: the thread is awake anyway
-            pass
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                os.write(self._write_fd, b"x")
+            except BlockingIOError:  # the pipe is full: the thread is awake anyway
+                pass
 
     def drain(self) -> None:
         try:
@@ -24,5 +34,9 @@ class WakePipe:
             pass
 
     def close(self) -> None:
-        os.close(self.fd)
-        os.close(self._write_fd)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self.fd)
+            os.close(self._write_fd)

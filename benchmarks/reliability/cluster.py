@@ -32,6 +32,9 @@ class ClusterSpec:
     redis: bool = True
     num_kv_blocks: int = 256
     max_num_seqs: int = 32
+    # The scenarios measure what faults lose and how routing recovers, on the tiny model; its
+    # compiled graphs would only slow every replica's (re)start.
+    enforce_eager: bool = True
     engine: dict[str, Any] = field(default_factory=dict)  # more replica settings (UpConfig.engine)
     # Gateway settings that make faults visible within seconds rather than minutes.
     gateway: dict[str, Any] = field(default_factory=lambda: {
@@ -59,6 +62,7 @@ class LocalCluster:
         config = UpConfig(
             model=MODEL, replicas=spec.replicas, gateways=spec.gateways, redis=spec.redis,
             port=_free_base_port(spec.replicas + spec.gateways), device="cpu", num_threads=1,
+            enforce_eager=spec.enforce_eager,
             # float32: scenarios compare greedy answers across batch compositions, which bf16
             # rounding (`--dtype auto` on AVX512-BF16 CPUs) may change
             engine={"num_kv_blocks": spec.num_kv_blocks, "max_num_seqs": spec.max_num_seqs,

@@ -56,6 +56,9 @@ def add_up_flags(p: argparse.ArgumentParser) -> None:
     # every replica's engine settings: flags built from EngineConfig's fields, as `kvgate engine`'s
     add_cli_args(p, EngineConfig, only=("tensor_parallel_size", "quantization",
                                         "speculative_config"), action=_Typed)
+    p.add_argument("--enforce-eager", action=_TypedTrue,
+                   help="every replica runs eagerly, no compiled graphs (as vLLM's flag): a quicker "
+                        "start, slower steps")
     p.add_argument("--admin-key", action=_Typed, default=None, help="key for the gateways' /admin (default: generated)")
     p.add_argument("--api-key", action=_Typed, default=None,
                    help="user key for /v1/* (default: none; generated when gateways share Redis)")

@@ -22,7 +22,8 @@ ENGINE_DEFAULTS = EngineConfig()
 _MANAGED_ENGINE_SETTINGS = {
     "host": "host", "port": "port", "device": "device", "num_threads": "num_threads",
     "api_key": "api_key", "log_level": "log_level", "tensor_parallel_size": "tensor_parallel_size",
-    "model": "model", "quantization": "quantization", "kv_transfer_host": "host",
+    "model": "model", "quantization": "quantization", "enforce_eager": "enforce_eager",
+    "kv_transfer_host": "host",
     "kv_transfer_port": "port", "kv_role": "prefill_replicas / decode_replicas",
     **{s.name: "speculative_config" for s in json_fields(EngineConfig, SPECULATIVE_CONFIG).values()},
 }
@@ -51,6 +52,7 @@ class UpConfig:
     tensor_parallel_size: int = ENGINE_DEFAULTS.tensor_parallel_size  # processes (CPU) or GPUs each replica spans
     quantization: str | None = ENGINE_DEFAULTS.quantization  # every replica's quantization (none/int8/int4/awq/gptq)
     speculative_config: dict[str, Any] | None = None  # every replica's, in vLLM's keys: {method: ngram, num_speculative_tokens: 4}
+    enforce_eager: bool = ENGINE_DEFAULTS.enforce_eager  # every replica eager: no compiled graphs (quicker start, slower steps)
     admin_key: str | None = None  # None: one is generated per run and printed
     api_key: str | None = None  # user key for /v1/*; generated when gateways share Redis
     engine: dict[str, Any] = field(default_factory=dict)  # more settings of every replica, by EngineConfig / ServerSettings field (LLM()'s keywords) or vLLM's kv_transfer_config: {num_kv_blocks: 2048, engine_options: {compiled: "off"}}
@@ -113,6 +115,7 @@ class UpConfig:
         try:
             [top] = from_mapping([EngineConfig], {
                 "model": self.model, "quantization": self.quantization,
+                "enforce_eager": self.enforce_eager,
                 "speculative_config": self.speculative_config or {}})
         except SettingError as exc:
             raise ConfigError(str(exc)) from None
@@ -182,8 +185,9 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
                 out[key] = kind(out[key])
             except (TypeError, ValueError):
                 raise ConfigError(f"{key} must be a number, not {out[key]!r}") from None
-    if "redis" in out and not isinstance(out["redis"], bool):
-        raise ConfigError(f"redis must be true or false, not {out['redis']!r}")
+    for key in ("redis", "enforce_eager"):
+        if key in out and not isinstance(out[key], bool):
+            raise ConfigError(f"{key} must be true or false, not {out[key]!r}")
     return out
 
 

@@ -62,6 +62,8 @@ def test_defaults_without_a_file():
     ("engine: [1]\n", "`engine:` must be a mapping"),
     ("engine:\n  served_model_name: x\n", "served_model_name has no flag of its own; .*--served-model-name"),
     ("engine:\n  seed: null\n", "engine: seed: null is not a value here"),
+    ("enforce_eager: sometimes\n", "enforce_eager must be true or false"),
+    ("engine:\n  enforce_eager: true\n", "top-level key `enforce_eager`"),
 ])
 def test_bad_config_files_are_refused_with_the_key_named(tmp_path, text: str, message: str):
     path = tmp_path / "up.yaml"
@@ -115,6 +117,15 @@ def test_engine_settings_reach_the_replicas_as_the_engine_parses_them():
     assert (engine.speculative_method, engine.num_speculative_tokens) == ("ngram", 3)
     assert (engine.num_threads, engine.device, server.port) == (1, "cpu", 8001)
     assert server.drain_grace_s < config.shutdown_grace_s
+
+
+def test_enforce_eager_reaches_every_replica_from_the_flag_or_the_file(tmp_path):
+    path = tmp_path / "up.yaml"
+    path.write_text("enforce_eager: true\n")
+    for config in (config_for("--enforce-eager", "--model", "tiny-random"), config_for("--config", str(path))):
+        engines = [replica_config(r.argv)[0] for r in build_plan(config, gpus=0, cores=2).replicas]
+        assert [e.enforce_eager for e in engines] == [True, True]
+    assert config_for().enforce_eager is False
 
 
 def test_replicas_keep_the_engine_defaults_they_are_not_given():

@@ -1,5 +1,7 @@
 """`kvgate up` end to end with real tiny-random replicas: it prints a working base_url,
-restarts a replica killed with SIGKILL, and on SIGTERM leaves no child behind."""
+restarts a replica killed with SIGKILL, and on SIGTERM leaves no child behind. The replicas run
+eagerly (`--enforce-eager`): these are tests of the supervisor, and compiling the tiny model's
+graphs would double their time (the compiled plan has its own tests, tests/backend_engine/accel)."""
 
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ def chat(base_url: str, api_key: str) -> dict:
 def test_up_serves_restarts_a_killed_replica_and_stops_every_child(tmp_path):
     gateways = 1  # with --redis: every kind of child kvgate up runs
     port = free_port_run(gateways + REPLICAS)
-    proc, out = start_up("--model", "tiny-random", "--replicas", str(REPLICAS), "--gateways", str(gateways),
+    proc, out = start_up("--model", "tiny-random", "--enforce-eager", "--replicas", str(REPLICAS), "--gateways", str(gateways),
                          "--redis", "--port", str(port), "--log-dir", str(tmp_path), "--log-level", "warning")
     try:
         base_url = out.wait_for(r"OpenAI base_url:\s+(\S+)", 150).group(1)
@@ -133,7 +135,7 @@ def test_a_replica_that_fails_to_start_stops_up_with_its_log(tmp_path):
 @pytest.mark.timeout(120)
 def test_children_die_with_a_supervisor_killed_by_sigkill(tmp_path):
     port = free_port_run(1)
-    proc, out = start_up("--model", "tiny-random", "--replicas", "1", "--gateways", "0", "--redis",
+    proc, out = start_up("--model", "tiny-random", "--enforce-eager", "--replicas", "1", "--gateways", "0", "--redis",
                          "--port", str(port), "--log-dir", str(tmp_path), "--log-level", "warning")
     try:
         out.wait_for(r"Ctrl-C stops everything", 100)
@@ -172,7 +174,7 @@ def test_up_runs_a_tensor_parallel_replica_and_restarts_its_whole_group(tmp_path
         [[1, 504, 3287, 282, 4052]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].outputs[0].text
     torch.set_num_threads(threads)
     port = free_port_run(2)
-    proc, out = start_up("--model", "tiny-random", "--replicas", "1", "--tensor-parallel-size", "2",
+    proc, out = start_up("--model", "tiny-random", "--enforce-eager", "--replicas", "1", "--tensor-parallel-size", "2",
                          "--num-threads", "1", "--port", str(port), "--log-dir", str(tmp_path), "--log-level", "warning")
     try:
         base_url = out.wait_for(r"OpenAI base_url:\s+(\S+)", 200).group(1)

@@ -65,7 +65,8 @@ def test_live_tiny_cluster():
 
     jobs = build("multi_tenant", WorkloadParams(num_requests=12, tenants=2, prompt_tokens=64,
                                                 suffix_tokens=8, output_tokens=4))
-    with Cluster(ClusterSpec(replicas=2, gateways=1, model="tiny-random", num_kv_blocks=128)) as cluster:
+    with Cluster(ClusterSpec(replicas=2, gateways=1, model="tiny-random", num_kv_blocks=128,
+                                 enforce_eager=True)) as cluster:
         summary, results = asyncio.run(run_load(cluster.base_urls, cluster.api_key, None, jobs, 4, None,
                                                 30.0, "smoke", cluster.replica_urls))
     assert summary.ok == 12, summary.first_error

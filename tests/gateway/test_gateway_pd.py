@@ -26,7 +26,7 @@ def cluster():
         procs.start_all([prefill, decode, both])
         gw.start()
         assert procs.wait_until(lambda: {r["name"]: r["role"] for r in procs.admin(gw, "/replicas").json()["data"]}
-                                == {v: k for k, v in names.items()}, 30)
+                                == {v: k for k, v in names.items()}, 60)
         yield gw, both, names
     finally:
         for p in (gw, prefill, decode, both):

@@ -17,6 +17,9 @@ from tests.backend_engine.helpers import assert_answers_close
 
 PROMPTS = ["a long way " * 40, "short", "x y z " * 90, "the cat sat on the mat " * 5]
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+# The production engines' settings: a test building another with these finds its graphs in
+# Inductor's cache (the pool size is a constant of the decode step's graph).
+PRODUCTION = dict(num_kv_blocks=256, max_num_batched_tokens=64)
 
 
 def _logits(llm, token_ids: list[int]) -> torch.Tensor:
@@ -51,8 +54,7 @@ def _eager(monkeypatch, llm) -> None:
 @pytest.fixture(scope="module", params=[None, "int8", "int4"], ids=["fp32", "int8", "int4"])
 def production(request):
     """A tiny model as `kvgate engine` runs it by default on this machine: the plan compiles."""
-    return LLM("tiny-random", num_kv_blocks=256, quantization=request.param,
-               max_num_batched_tokens=64)
+    return LLM("tiny-random", quantization=request.param, **PRODUCTION)
 
 
 def test_the_tiny_models_take_the_production_plan(production):
@@ -174,7 +176,7 @@ def test_a_decode_step_that_cannot_compile_runs_layer_by_layer(monkeypatch):
         raise RuntimeError("no C++ compiler")
 
     monkeypatch.setattr(decode_step, "paged_decode", broken)
-    llm = LLM("tiny-random", num_kv_blocks=64)
+    llm = LLM("tiny-random", **PRODUCTION)
     forward = llm.engine.runner.forward_pass
     assert forward.decode_step is None and set(forward.layers.values()) != {None}
     assert "decode step unavailable" in forward.describe()
@@ -187,7 +189,7 @@ def test_layers_that_cannot_compile_run_eager(monkeypatch):
 
     monkeypatch.setattr(cl, "_shared", {})
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: broken)
-    llm = LLM("tiny-random", num_kv_blocks=64)
+    llm = LLM("tiny-random", **PRODUCTION)
     forward = llm.engine.runner.forward_pass
     assert set(forward.layers.values()) == {None} and forward.decode_step is None
     assert llm.generate("hello", GREEDY)[0].outputs[0].token_ids
@@ -198,7 +200,7 @@ def test_a_cpp_wrapper_that_cannot_compile_leaves_the_python_one_with_the_same_l
     from torch._inductor.codecache import CppWrapperCodeCache
 
     tokens = list(range(7, 47))
-    cpp = LLM("tiny-random", num_kv_blocks=64)
+    cpp = LLM("tiny-random", **PRODUCTION)
     assert cpp.engine.runner.forward_pass.decode_step.cpp_wrapper
     expected = _decode_logits(cpp, tokens, 10)
 
@@ -285,8 +287,8 @@ def test_a_template_step_that_cannot_build_runs_with_the_kernels(monkeypatch):
         raise RuntimeError("no GEMM template here")
 
     monkeypatch.setattr(decode_step.TemplateStep, "forward", broken)
-    llm = LLM("tiny-random", num_kv_blocks=64, quantization="int8",
-              engine_options={"device_class": "cpu-amx"})
+    llm = LLM("tiny-random", quantization="int8", engine_options={"device_class": "cpu-amx"},
+              **PRODUCTION)
     forward = llm.engine.runner.forward_pass
     assert forward.decode_step is not None and not forward.decode_step.templates
     assert "decode templates unavailable" in forward.describe()

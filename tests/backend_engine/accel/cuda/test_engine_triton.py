@@ -1,4 +1,7 @@
-"""The whole engine on the Triton backend gives the torch backend's greedy tokens."""
+"""The whole engine on the Triton backend gives the torch backend's greedy tokens.
+
+Every engine here has a fixed token budget (`target_itl_ms=0`): the latency target's start-up
+calibration would time large synthetic steps, which under the interpreter take minutes."""
 
 import pytest
 
@@ -14,7 +17,7 @@ PROMPTS = [SHARED + [7, 8, 9], SHARED + [300], [5], list(range(200, 232)), [11, 
 
 def _greedy(backend: str, device: str, **engine_args) -> list[list[int]]:
     llm = LLM("tiny-random", engine_options={"attention": backend}, device=device,
-              num_kv_blocks=64, enforce_eager=True, **engine_args)
+              num_kv_blocks=64, enforce_eager=True, target_itl_ms=0, **engine_args)
     assert llm.engine.runner.attention.name == backend
     first = llm.generate(PROMPTS, PARAMS)
     again = llm.generate(PROMPTS[:2], PARAMS)  # whole prompts cached now: prefix hits
@@ -49,7 +52,8 @@ def test_triton_engine_verifies_drafts_like_torch(speculation, device):
     outs = {}
     for backend, dev in (("torch", "cpu"), ("triton", device)):
         llm = LLM("tiny-random", engine_options={"attention": backend}, device=dev,
-                  num_kv_blocks=64, enforce_eager=True, num_speculative_tokens=3, **speculation)
+                  num_kv_blocks=64, enforce_eager=True, target_itl_ms=0,
+                  num_speculative_tokens=3, **speculation)
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert llm.engine.spec.stats.drafted_tokens > 0
     assert outs["triton"] == outs["torch"]
@@ -63,7 +67,7 @@ def test_triton_engine_on_two_tensor_parallel_ranks_matches_torch(torch_tokens, 
         pytest.skip("tensor parallelism on CUDA needs two GPUs")
     threads = torch.get_num_threads()
     llm = LLM("tiny-random", engine_options={"attention": "triton"}, device=device,
-              num_kv_blocks=64, tensor_parallel_size=2,
+              num_kv_blocks=64, tensor_parallel_size=2, target_itl_ms=0,
               num_threads=1 if device == "cpu" else None)
     try:
         first = llm.generate(PROMPTS, PARAMS)
