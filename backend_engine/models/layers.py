@@ -31,14 +31,22 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 
 
 def input_half(hidden: torch.Tensor, norm: torch.Tensor, qkv_weight,
-               qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float,
-               heads: int, kv_heads: int, head_dim: int, linear: Linear):
-    """The layer's input [T, hidden] → q [T, H, D], k [T, KVH, D], v [T, KVH, D]."""
+               qkv_bias: torch.Tensor | None, qk_norm: torch.Tensor | None, cos: torch.Tensor,
+               sin: torch.Tensor, eps: float, heads: int, kv_heads: int, head_dim: int,
+               linear: Linear):
+    """The layer's input [T, hidden] → q [T, H, D], k [T, KVH, D], v [T, KVH, D].
+
+    qk_norm: [2, D], the q and the k head's RMSNorm weights (Qwen3), applied to every head
+    before the rotation; None where the family has none."""
     x = rms_norm(hidden, norm, eps)
     qkv = linear(x, qkv_weight, qkv_bias)
     qk, v = qkv.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
+    qk = qk.view(-1, heads + kv_heads, head_dim)
+    if qk_norm is not None:
+        q, k = qk.split([heads, kv_heads], dim=1)
+        qk = torch.cat([rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)], dim=1)
     # q and k heads side by side: one rotation for both
-    qk = RotaryEmbedding.rotate(qk.view(-1, heads + kv_heads, head_dim), cos, sin)
+    qk = RotaryEmbedding.rotate(qk, cos, sin)
     q, k = qk.split([heads, kv_heads], dim=1)
     return q, k, v.reshape(-1, kv_heads, head_dim)
 

@@ -46,6 +46,8 @@ class WeightPrep(Protocol):
 class DecoderLayer:
     def __init__(self, weights: dict[str, Any], prefix: str, model: "LlamaModel",
                  prep: WeightPrep):
+        self.model = model
+
         def w(name: str):
             key = prefix + name
             if key not in weights:
@@ -61,17 +63,21 @@ class DecoderLayer:
         bias_keys = [prefix + attn + f"{p}_proj.bias" for p in "qkv"]
         self.qkv_bias = (prep.dense(torch.cat([weights[k] for k in bias_keys]))
                          if all(k in weights for k in bias_keys) else None)
+        self.qk_norm = self.head_norms(w, prep)
         self.o_weight = fused(attn + "o_proj.weight")
         self.gate_up_weight = fused("mlp.gate_proj.weight", "mlp.up_proj.weight")
         self.down_weight = fused("mlp.down_proj.weight")
         self.input_norm = prep.dense(w("input_layernorm.weight"))
         self.post_attn_norm = prep.dense(w("post_attention_layernorm.weight"))
-        self.model = model
+
+    def head_norms(self, w, prep: WeightPrep) -> torch.Tensor | None:
+        """The q and k heads' norms ([2, head_dim]); Llama has none (qwen3.py does)."""
+        return None
 
     def weights(self) -> tuple:
-        """(input norm, qkv weight, qkv bias, o weight, post-attention norm, gate/up weight,
-        down weight): what the compiled decode step takes per layer."""
-        return (self.input_norm, self.qkv_weight, self.qkv_bias, self.o_weight,
+        """(input norm, qkv weight, qkv bias, q/k head norms, o weight, post-attention norm,
+        gate/up weight, down weight): what the compiled decode step takes per layer."""
+        return (self.input_norm, self.qkv_weight, self.qkv_bias, self.qk_norm, self.o_weight,
                 self.post_attn_norm, self.gate_up_weight, self.down_weight)
 
     def linear_weights(self) -> tuple:
@@ -80,8 +86,9 @@ class DecoderLayer:
     def __call__(self, hidden, cos, sin, k_cache, v_cache, meta: AttentionMetadata,
                  linear: Linear):
         m = self.model
-        q, k, v = input_half(hidden, self.input_norm, self.qkv_weight, self.qkv_bias, cos, sin,
-                             m.eps, m.num_heads, m.num_kv_heads, m.head_dim, linear)
+        q, k, v = input_half(hidden, self.input_norm, self.qkv_weight, self.qkv_bias,
+                             self.qk_norm, cos, sin, m.eps, m.num_heads, m.num_kv_heads,
+                             m.head_dim, linear)
         m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale)
         return output_half(attn, hidden, self.o_weight, self.post_attn_norm,
@@ -90,6 +97,8 @@ class DecoderLayer:
 
 
 class LlamaModel:
+    layer_class = DecoderLayer  # a family's own layer (qwen3.py) subclasses it
+
     def __init__(self, config, weights: dict[str, Any], attention: AttentionBackend,
                  max_positions: int, prep: WeightPrep, tp: TensorParallelGroup = SINGLE):
         """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard."""
@@ -118,7 +127,7 @@ class LlamaModel:
             self.lm_head = prep.lm_head(lm_head)
         else:
             self.lm_head = self.embed if tied else prep.dense(lm_head)
-        self.layers = [DecoderLayer(weights, f"model.layers.{i}.", self, prep)
+        self.layers = [self.layer_class(weights, f"model.layers.{i}.", self, prep)
                        for i in range(self.num_layers)]
 
     def linear_weights(self) -> list:

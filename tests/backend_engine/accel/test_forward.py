@@ -261,7 +261,7 @@ def test_a_template_decode_step_holds_its_own_weights(template_llm):
     layers = [list(layer) for layer in first._layers]
     gen = torch.Generator().manual_seed(7)
     for layer in layers:
-        for i in (1, 3, 5, 6):
+        for i in (1, 4, 6, 7):
             layer[i] = cpu.prepare_int8(quantize_int8(torch.randn(*layer[i].shape,
                                                                   generator=gen)))
     other = {templates: decode_step.DecodeStep(
@@ -299,3 +299,15 @@ def test_only_an_all_int8_model_takes_the_template_step():
     llm = LLM("tiny-random", num_kv_blocks=16, quantization="int4", enforce_eager=True,
               engine_options={"device_class": "cpu-amx"})
     assert llm.engine.runner.forward_pass.plan.decode["int8"] == "kernel"
+
+
+def test_a_family_with_head_norms_takes_the_compiled_plan_and_answers_as_its_reference_path():
+    """Qwen3's q/k head norms ride through the compiled layers and the decode step."""
+    llm = LLM("tiny-random-qwen3", **PRODUCTION)
+    forward = llm.engine.runner.forward_pass
+    assert forward.decode_step is not None and all(forward.layers.values())
+    reference = LLM("tiny-random-qwen3", engine_options={"plan": "reference"}, **PRODUCTION)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+    fast = [o.outputs[0] for o in llm.generate(PROMPTS, params)]
+    ref = [o.outputs[0] for o in reference.generate(PROMPTS, params)]
+    assert_answers_close(fast, ref, 1e-3)

@@ -30,6 +30,7 @@ SETTINGS = {  # in test order, so each engine starts once
                               speculative_method="draft", draft_model="tiny-random",
                               num_speculative_tokens=3),
     "tiny-random-mistral": dict(num_kv_blocks=64),
+    "tiny-random-qwen3": dict(num_kv_blocks=64),  # q/k head norms, replicated on both ranks
     "default": dict(num_kv_blocks=64, quantization="none"),  # as default_llm, compared with it
 }
 

@@ -1,0 +1,61 @@
+"""Which model class runs a checkpoint, from its config's `model_type`, and the config fields
+each family refuses: a field the model code does not implement is an error naming it, never
+silently ignored. Pure Python (no torch, no model code: the classes are imported by name when
+asked for): the loader checks a config before it reads any weight.
+
+| model_type         | class (file)               | differs from the Llama decoder          |
+|--------------------|----------------------------|-----------------------------------------|
+| llama, mistral     | LlamaModel (models/llama.py) | —                                     |
+| qwen2              | LlamaModel (models/llama.py) | q/k/v biases (read from the checkpoint) |
+| qwen3              | Qwen3Model (models/qwen3.py) | an RMSNorm over each q and k head     |
+
+Every family reads: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+num_key_value_heads, head_dim, rms_norm_eps, vocab_size, max_position_embeddings, rope_theta /
+rope_scaling (rotary.py), tie_word_embeddings, sliding_window (caps max_model_len), eos ids.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from backend_engine.errors import ModelLoadError
+
+FAMILIES: dict[str, str] = {  # model_type → "module:class" under backend_engine.models
+    "llama": "llama:LlamaModel",
+    "mistral": "llama:LlamaModel",
+    "qwen2": "llama:LlamaModel",
+    "qwen3": "qwen3:Qwen3Model",
+}
+
+# (field, the values the model code implements): anything else is refused
+_ACTIVATIONS = ("silu",)
+_REFUSED: dict[str, tuple[tuple[str, Any], ...]] = {
+    "llama": (("hidden_act", _ACTIVATIONS), ("mlp_bias", (False, None)),
+              ("attention_bias", (False, None))),  # True: an o_proj bias too
+    "mistral": (("hidden_act", _ACTIVATIONS),),
+    "qwen2": (("hidden_act", _ACTIVATIONS), ("use_sliding_window", (False, None))),
+    "qwen3": (("hidden_act", _ACTIVATIONS), ("use_sliding_window", (False, None)),
+              ("attention_bias", (False, None))),  # True: an o_proj bias too
+}
+
+
+def check_config(config) -> None:
+    """Refuse an architecture, or a config field value, the model code does not implement."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise ModelLoadError(f"unsupported architecture {model_type!r}; supported: "
+                             + ", ".join(sorted(FAMILIES)))
+    for name, allowed in _REFUSED[model_type]:
+        value = getattr(config, name, None)
+        if value not in allowed:
+            raise ModelLoadError(
+                f"{model_type} config field {name}={value!r} is not implemented (supported: "
+                + ", ".join(repr(a) for a in allowed if a is not None) + ")")
+
+
+def model_class(config) -> type:
+    """The class that runs this config's family (check_config first)."""
+    check_config(config)
+    module, name = FAMILIES[config.model_type].split(":")
+    return getattr(importlib.import_module(f"backend_engine.models.{module}"), name)

@@ -1,0 +1,95 @@
+"""Every model family against transformers' own implementation of it, on a tiny random-weight
+config of each (backend_engine/model_loader.py: TINY_CONFIGS): transformers' greedy tokens
+exactly, and their logprobs within LOGPROB_ATOL (fp32 both sides), through the engine's
+features: continuous batching, prefix caching (every prompt served twice, the second time from
+the cache), chunked prefill beside decodes, preemption under a tiny KV pool, speculative
+decoding (a draft model of the family; the n-gram proposer's drafts go through the same
+verification, tests/backend_engine/test_spec_decode.py). Quantised weights (int8, int4) through the plan's forms against the
+engine's reference path (every weight dequantised, F.linear), whose fp32 answers are the ones
+checked against transformers. Tensor parallelism: tests/backend_engine/distributed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from backend_engine.llm import LLM
+from backend_engine.model_loader import resolve_model
+from backend_engine.sampling_params import SamplingParams
+from tests.backend_engine.helpers import assert_answers_close, assert_no_leaks
+
+FAMILIES = ["tiny-random-llama", "tiny-random-qwen2", "tiny-random-mistral", "tiny-random-qwen3"]
+FEATURES = {
+    "batched": {},
+    "chunked": dict(max_num_batched_tokens=16),  # prompts in chunks, beside others' decodes
+    "preempted": dict(num_kv_blocks=8),  # 4 sequences of 4 blocks each: preempted, recomputed
+    # the family's own tiny model drafts for itself: every step verifies 3 drafted tokens
+    "draft": dict(speculative_method="draft", num_speculative_tokens=3),
+}
+NEW_TOKENS = 12
+LOGPROB_ATOL = 1e-3  # fp32 both sides; fused qkv and paged attention sum in another order (as test_hf_parity)
+rng = random.Random(3)
+SHARED = [rng.randrange(1000, 40000) for _ in range(33)]  # 2 full blocks: a prefix cache hit
+PROMPTS = [SHARED + [rng.randrange(1000, 40000) for _ in range(n)] for n in (4, 11)] \
+    + [[11, 12, 13, 14] * 8, [rng.randrange(1000, 40000) for _ in range(7)]]
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def transformers_answers(family):
+    """transformers' greedy tokens and their logprobs, one prompt at a time."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(family).folder,
+                                                 dtype=torch.float32).eval()
+    answers = []
+    for prompt in PROMPTS:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS,
+                                 min_new_tokens=NEW_TOKENS, do_sample=False,
+                                 output_scores=True, return_dict_in_generate=True,
+                                 pad_token_id=0)
+        tokens = out.sequences[0, len(prompt):].tolist()
+        logprobs = [torch.log_softmax(s[0].float(), -1)[t].item()
+                    for s, t in zip(out.scores, tokens)]
+        answers.append((tokens, logprobs))
+    return answers
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_greedy_answers_are_transformers(family, transformers_answers, feature):
+    settings = {"num_kv_blocks": 64, **FEATURES[feature]}
+    if feature == "draft":
+        settings["draft_model"] = family
+    llm = LLM(family, enforce_eager=True, dtype="float32", target_itl_ms=0, **settings)
+    first = llm.generate(PROMPTS, GREEDY)
+    again = llm.generate(PROMPTS, GREEDY)  # whole prompts cached now
+    assert_no_leaks(llm.engine)
+    if feature != "preempted":
+        assert all(o.num_cached_tokens > 0 for o in again[:2])
+    if feature == "preempted":
+        assert llm.engine.stats.preemptions > 0
+    if feature == "draft":
+        assert llm.engine.spec.stats.accepted_tokens > 0
+    for out, (tokens, logprobs) in zip(first + again, transformers_answers * 2):
+        assert out.outputs[0].token_ids == tokens, (family, feature)
+        ours = [lp.logprob for lp in out.outputs[0].logprobs]
+        assert max(abs(a - b) for a, b in zip(ours, logprobs)) < LOGPROB_ATOL
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantised_weights_answer_as_the_reference_path(family, quantization):
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+    fast, reference = (
+        [o.outputs[0] for o in LLM(family, enforce_eager=True, quantization=quantization,
+                                   num_kv_blocks=64, target_itl_ms=0,
+                                   engine_options=options).generate(PROMPTS, params)]
+        for options in ({}, {"plan": "reference"}))
+    assert_answers_close(fast, reference, 0.15)  # the plan's bound (tests/backend_engine/accel)

@@ -1,0 +1,58 @@
+"""A checkpoint's family is found from its config's model_type, and a config value the model
+code does not implement is refused at load, naming the field, before any weight is read."""
+
+import json
+
+import pytest
+from transformers import AutoConfig
+
+from backend_engine.errors import ModelLoadError
+from backend_engine.llm import LLM
+from backend_engine.model_loader import resolve_model
+from backend_engine.models.llama import LlamaModel
+from backend_engine.models.qwen3 import Qwen3Model
+from backend_engine.model_families import check_config, model_class
+
+
+@pytest.mark.parametrize("family, cls", [("llama", LlamaModel), ("qwen2", LlamaModel),
+                                         ("mistral", LlamaModel), ("qwen3", Qwen3Model)])
+def test_each_family_has_its_class(family, cls):
+    config = AutoConfig.from_pretrained(resolve_model(f"tiny-random-{family}").folder)
+    assert model_class(config) is cls
+
+
+@pytest.mark.parametrize("model_type, field, value", [
+    ("llama", "hidden_act", "gelu"), ("llama", "mlp_bias", True),
+    ("llama", "attention_bias", True), ("qwen2", "use_sliding_window", True),
+    ("qwen3", "use_sliding_window", True), ("qwen3", "attention_bias", True),
+])
+def test_an_unimplemented_config_value_is_refused_naming_the_field(model_type, field, value):
+    config = AutoConfig.for_model(model_type, **{field: value})
+    with pytest.raises(ModelLoadError, match=f"{model_type} config field {field}="):
+        check_config(config)
+
+
+def test_a_checkpoint_with_an_unimplemented_field_loads_nothing(tmp_path):
+    folder = resolve_model("tiny-random-qwen3").folder
+    for f in folder.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "use_sliding_window": True}))
+    with pytest.raises(ModelLoadError, match="use_sliding_window=True is not implemented"):
+        LLM(str(tmp_path), enforce_eager=True)
+
+
+def test_missing_head_norms_are_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = resolve_model("tiny-random-qwen3").folder
+    for f in folder.iterdir():
+        if f.suffix != ".safetensors":
+            (tmp_path / f.name).symlink_to(f)
+    [weights_file] = folder.glob("*.safetensors")
+    state = load_file(weights_file)
+    del state["model.layers.1.self_attn.k_norm.weight"]
+    save_file(state, tmp_path / weights_file.name)
+    with pytest.raises(ModelLoadError, match="model.layers.1.self_attn.k_norm.weight missing"):
+        LLM(str(tmp_path), enforce_eager=True)
