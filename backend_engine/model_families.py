@@ -8,6 +8,7 @@ asked for): the loader checks a config before it reads any weight.
 | llama, mistral     | LlamaModel (models/llama.py) | —                                     |
 | qwen2              | LlamaModel (models/llama.py) | q/k/v biases (read from the checkpoint) |
 | qwen3              | Qwen3Model (models/qwen3.py) | an RMSNorm over each q and k head     |
+| phi3               | Phi3Model (models/phi3.py)   | q/k/v and gate/up fused in the checkpoint |
 
 Every family reads: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 num_key_value_heads, head_dim, rms_norm_eps, vocab_size, max_position_embeddings, rope_theta /
@@ -26,6 +27,7 @@ FAMILIES: dict[str, str] = {  # model_type → "module:class" under backend_engi
     "mistral": "llama:LlamaModel",
     "qwen2": "llama:LlamaModel",
     "qwen3": "qwen3:Qwen3Model",
+    "phi3": "phi3:Phi3Model",
 }
 
 # (field, the values the model code implements): anything else is refused
@@ -37,6 +39,8 @@ _REFUSED: dict[str, tuple[tuple[str, Any], ...]] = {
     "qwen2": (("hidden_act", _ACTIVATIONS), ("use_sliding_window", (False, None))),
     "qwen3": (("hidden_act", _ACTIVATIONS), ("use_sliding_window", (False, None)),
               ("attention_bias", (False, None))),  # True: an o_proj bias too
+    "phi3": (("hidden_act", _ACTIVATIONS),
+             ("partial_rotary_factor", (1.0, None))),  # Phi-4-mini rotates 3/4 of each head
 }
 
 
@@ -48,6 +52,8 @@ def check_config(config) -> None:
                              + ", ".join(sorted(FAMILIES)))
     for name, allowed in _REFUSED[model_type]:
         value = getattr(config, name, None)
+        if value is None:  # newer transformers keep rotary settings in rope_parameters
+            value = (getattr(config, "rope_parameters", None) or {}).get(name)
         if value not in allowed:
             raise ModelLoadError(
                 f"{model_type} config field {name}={value!r} is not implemented (supported: "

@@ -42,6 +42,10 @@ TINY_CONFIGS: dict[str, dict] = {
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
                   rope_theta=1000000.0, random_norms=True),
+    "phi3": dict(model_type="phi3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                 rms_norm_eps=1e-5, tie_word_embeddings=False, rope_theta=10000.0,
+                 pad_token_id=0, random_norms=True),
 }
 
 

@@ -63,12 +63,13 @@ class ModelRunner:
                         enforce_eager=config.enforce_eager)
         self.attention = get_attention_backend(plan.attention, config.device)
         quantization = resolve_quantization(config.quantization, hf_config, folder)
-        weights = shard_state_dict(load_weights(folder, hf_config, quantization),
-                                   shard_layout(hf_config, tp.rank, tp.size))
+        model_cls = model_class(hf_config)
+        weights = shard_state_dict(
+            model_cls.checkpoint_weights(load_weights(folder, hf_config, quantization), hf_config),
+            shard_layout(hf_config, tp.rank, tp.size))
         prep = WeightPrep(self.device, self.dtype, quantization,
                           config.quantization_group_size, plan.lm_head)
-        self.model = model_class(hf_config)(hf_config, weights, self.attention, max_model_len,
-                                            prep, tp=tp)
+        self.model = model_cls(hf_config, weights, self.attention, max_model_len, prep, tp=tp)
         self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
         shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),

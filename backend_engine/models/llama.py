@@ -99,6 +99,11 @@ class DecoderLayer:
 class LlamaModel:
     layer_class = DecoderLayer  # a family's own layer (qwen3.py) subclasses it
 
+    @staticmethod
+    def checkpoint_weights(weights: dict[str, Any], config) -> dict[str, Any]:
+        """The checkpoint's tensors under the names this class reads (phi3.py renames)."""
+        return weights
+
     def __init__(self, config, weights: dict[str, Any], attention: AttentionBackend,
                  max_positions: int, prep: WeightPrep, tp: TensorParallelGroup = SINGLE):
         """Under tensor parallelism (`tp` of more than one rank), `weights` is the rank's shard."""

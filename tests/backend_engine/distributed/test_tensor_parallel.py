@@ -31,6 +31,7 @@ SETTINGS = {  # in test order, so each engine starts once
                               num_speculative_tokens=3),
     "tiny-random-mistral": dict(num_kv_blocks=64),
     "tiny-random-qwen3": dict(num_kv_blocks=64),  # q/k head norms, replicated on both ranks
+    "tiny-random-phi3": dict(num_kv_blocks=64),  # fused qkv and gate/up, split before sharding
     "default": dict(num_kv_blocks=64, quantization="none"),  # as default_llm, compared with it
 }
 

@@ -10,12 +10,14 @@ from backend_engine.errors import ModelLoadError
 from backend_engine.llm import LLM
 from backend_engine.model_loader import resolve_model
 from backend_engine.models.llama import LlamaModel
+from backend_engine.models.phi3 import Phi3Model
 from backend_engine.models.qwen3 import Qwen3Model
 from backend_engine.model_families import check_config, model_class
 
 
 @pytest.mark.parametrize("family, cls", [("llama", LlamaModel), ("qwen2", LlamaModel),
-                                         ("mistral", LlamaModel), ("qwen3", Qwen3Model)])
+                                         ("mistral", LlamaModel), ("qwen3", Qwen3Model),
+                                         ("phi3", Phi3Model)])
 def test_each_family_has_its_class(family, cls):
     config = AutoConfig.from_pretrained(resolve_model(f"tiny-random-{family}").folder)
     assert model_class(config) is cls
@@ -25,6 +27,7 @@ def test_each_family_has_its_class(family, cls):
     ("llama", "hidden_act", "gelu"), ("llama", "mlp_bias", True),
     ("llama", "attention_bias", True), ("qwen2", "use_sliding_window", True),
     ("qwen3", "use_sliding_window", True), ("qwen3", "attention_bias", True),
+    ("phi3", "partial_rotary_factor", 0.75),
 ])
 def test_an_unimplemented_config_value_is_refused_naming_the_field(model_type, field, value):
     config = AutoConfig.for_model(model_type, **{field: value})
@@ -55,4 +58,20 @@ def test_missing_head_norms_are_named(tmp_path):
     del state["model.layers.1.self_attn.k_norm.weight"]
     save_file(state, tmp_path / weights_file.name)
     with pytest.raises(ModelLoadError, match="model.layers.1.self_attn.k_norm.weight missing"):
+        LLM(str(tmp_path), enforce_eager=True)
+
+
+def test_a_fused_weight_of_the_wrong_size_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = resolve_model("tiny-random-phi3").folder
+    for f in folder.iterdir():
+        if f.suffix != ".safetensors":
+            (tmp_path / f.name).symlink_to(f)
+    [weights_file] = folder.glob("*.safetensors")
+    state = load_file(weights_file)
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    state[name] = state[name][:-8].contiguous()
+    save_file(state, tmp_path / weights_file.name)
+    with pytest.raises(ModelLoadError, match=f"{name} has 120 rows"):
         LLM(str(tmp_path), enforce_eager=True)
