@@ -46,32 +46,34 @@ def test_a_checkpoint_with_an_unimplemented_field_loads_nothing(tmp_path):
         LLM(str(tmp_path), enforce_eager=True)
 
 
-def test_missing_head_norms_are_named(tmp_path):
+def edited_checkpoint(tmp_path, model: str, edit) -> str:
+    """A copy of a tiny model's folder whose state dict `edit` changed in place."""
     from safetensors.torch import load_file, save_file
 
-    folder = resolve_model("tiny-random-qwen3").folder
+    folder = resolve_model(model).folder
     for f in folder.iterdir():
         if f.suffix != ".safetensors":
             (tmp_path / f.name).symlink_to(f)
     [weights_file] = folder.glob("*.safetensors")
     state = load_file(weights_file)
-    del state["model.layers.1.self_attn.k_norm.weight"]
+    edit(state)
     save_file(state, tmp_path / weights_file.name)
-    with pytest.raises(ModelLoadError, match="model.layers.1.self_attn.k_norm.weight missing"):
-        LLM(str(tmp_path), enforce_eager=True)
+    return str(tmp_path)
+
+
+def test_missing_head_norms_are_named(tmp_path):
+    name = "model.layers.1.self_attn.k_norm.weight"
+    folder = edited_checkpoint(tmp_path, "tiny-random-qwen3", lambda state: state.pop(name))
+    with pytest.raises(ModelLoadError, match=f"{name} missing"):
+        LLM(folder, enforce_eager=True)
 
 
 def test_a_fused_weight_of_the_wrong_size_is_named(tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    folder = resolve_model("tiny-random-phi3").folder
-    for f in folder.iterdir():
-        if f.suffix != ".safetensors":
-            (tmp_path / f.name).symlink_to(f)
-    [weights_file] = folder.glob("*.safetensors")
-    state = load_file(weights_file)
     name = "model.layers.0.self_attn.qkv_proj.weight"
-    state[name] = state[name][:-8].contiguous()
-    save_file(state, tmp_path / weights_file.name)
+
+    def cut(state):
+        state[name] = state[name][:-8].contiguous()
+
+    folder = edited_checkpoint(tmp_path, "tiny-random-phi3", cut)
     with pytest.raises(ModelLoadError, match=f"{name} has 120 rows"):
-        LLM(str(tmp_path), enforce_eager=True)
+        LLM(folder, enforce_eager=True)
