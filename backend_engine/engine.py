@@ -20,7 +20,8 @@ from backend_engine.errors import ContextLengthExceededError, InvalidRequestErro
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.metrics import EngineStats
-from backend_engine.model_loader import check_architecture, resolve_model
+from backend_engine.model_families import check_config
+from backend_engine.model_loader import resolve_model
 from backend_engine.model_runner import ModelRunner, SeqResult
 from backend_engine.output_processor import OutputProcessor, RequestState
 from backend_engine.outputs import RequestOutput
@@ -60,7 +61,7 @@ class LLMEngine:
         files = resolve_model(config.model, config.quantization)
         self.model_id = config.served_model_name or files.model_id
         self.hf_config = AutoConfig.from_pretrained(files.folder)
-        check_architecture(self.hf_config)
+        check_config(self.hf_config)
         self.tokenizer = AutoTokenizer.from_pretrained(files.folder)
         self.max_model_len = self._max_model_len(config)
         self.runner = self._build_runner(config, files)

@@ -3,12 +3,12 @@ each family refuses: a field the model code does not implement is an error namin
 silently ignored. Pure Python (no torch, no model code: the classes are imported by name when
 asked for): the loader checks a config before it reads any weight.
 
-| model_type         | class (file)               | differs from the Llama decoder          |
-|--------------------|----------------------------|-----------------------------------------|
-| llama, mistral     | LlamaModel (models/llama.py) | —                                     |
-| qwen2              | LlamaModel (models/llama.py) | q/k/v biases (read from the checkpoint) |
-| qwen3              | Qwen3Model (models/qwen3.py) | an RMSNorm over each q and k head     |
-| phi3               | Phi3Model (models/phi3.py)   | q/k/v and gate/up fused in the checkpoint |
+| model_type     | class (file)                 | differs from the Llama decoder            |
+|----------------|------------------------------|-------------------------------------------|
+| llama, mistral | LlamaModel (models/llama.py) | —                                         |
+| qwen2          | LlamaModel (models/llama.py) | q/k/v biases (read from the checkpoint)   |
+| qwen3          | Qwen3Model (models/qwen3.py) | an RMSNorm over each q and k head         |
+| phi3           | Phi3Model (models/phi3.py)   | q/k/v and gate/up fused in the checkpoint |
 
 Every family reads: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 num_key_value_heads, head_dim, rms_norm_eps, vocab_size, max_position_embeddings, rope_theta /

@@ -108,12 +108,6 @@ def gguf_file(spec: str) -> Path | None:
     return path if path.is_file() and path.suffix == ".gguf" else None
 
 
-def check_architecture(config) -> None:
-    """An architecture and config the model code implements (model_families.py), or a
-    ModelLoadError naming what is not."""
-    check_config(config)
-
-
 def _file_digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -147,7 +141,7 @@ def _gguf_to_folder(gguf: Path) -> Path:
                                                      dtype=torch.float32)
     except Exception as exc:  # transformers raises many types for unreadable files
         raise ModelLoadError(f"could not read GGUF file {gguf}: {exc}") from exc
-    check_architecture(model.config)
+    check_config(model.config)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -176,7 +170,7 @@ def _gguf_meta_folder(gguf: Path) -> Path:
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except Exception as exc:  # transformers raises many types for unreadable files
         raise ModelLoadError(f"could not read GGUF file {gguf}: {exc}") from exc
-    check_architecture(config)
+    check_config(config)
     if hasattr(config, "quantization_config"):  # the weights load into kvgate's own formats
         del config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,8 @@ class ShardLayout:
         return self.rank * self.vocab_per_rank
 
 
-def _heads(config) -> tuple[int, int, int]:
+def head_counts(config) -> tuple[int, int, int]:
+    """(query heads, KV heads, head_dim) of the whole model, from its config."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -45,7 +46,7 @@ def working_sizes(config, limit: int = 16) -> list[int]:
 
 
 def _size_problem(config, size: int) -> str | None:
-    heads, kv_heads, _ = _heads(config)
+    heads, kv_heads, _ = head_counts(config)
     if heads % size:
         return f"{heads} attention heads do not split evenly across {size} ranks"
     if kv_heads >= size and kv_heads % size:
@@ -71,7 +72,7 @@ def check_tensor_parallel_size(config, size: int, model_name: str = "the model")
 
 def shard_layout(config, rank: int, size: int) -> ShardLayout:
     check_tensor_parallel_size(config, size)
-    heads, kv_heads, head_dim = _heads(config)
+    heads, kv_heads, head_dim = head_counts(config)
     if kv_heads >= size:
         local_kv, kv_start = kv_heads // size, rank * (kv_heads // size)
     else:  # fewer KV heads than ranks: each rank keeps the one its query heads read

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend_engine.distributed.sharding import head_counts
 from backend_engine.errors import ModelLoadError
 from backend_engine.models.llama import LlamaModel
 from backend_engine.quant.formats import narrow
@@ -28,9 +29,7 @@ def _split(weights: dict[str, Any], name: str, parts: dict[str, int]) -> None:
 class Phi3Model(LlamaModel):
     @staticmethod
     def checkpoint_weights(weights: dict[str, Any], config) -> dict[str, Any]:
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        heads, kv_heads, head_dim = head_counts(config)
         inter = config.intermediate_size
         for i in range(config.num_hidden_layers):
             layer = f"model.layers.{i}."

@@ -17,7 +17,8 @@ from backend_engine.block_pool import BlockPool
 from backend_engine.config import EngineConfig
 from backend_engine.errors import ModelLoadError
 from backend_engine.kv_cache_manager import KVCacheManager
-from backend_engine.model_loader import check_architecture, resolve_model
+from backend_engine.model_families import check_config
+from backend_engine.model_loader import resolve_model
 from backend_engine.model_runner import ModelRunner
 from backend_engine.sampler import SamplingRow
 from backend_engine.sequence import Sequence
@@ -27,7 +28,7 @@ class DraftModelProposer:
     def __init__(self, config: EngineConfig, target_vocab_size: int, max_model_len: int):
         files = resolve_model(config.draft_model)
         hf_config = AutoConfig.from_pretrained(files.folder)
-        check_architecture(hf_config)
+        check_config(hf_config)
         if hf_config.vocab_size != target_vocab_size:
             raise ModelLoadError(
                 f"draft model vocabulary ({hf_config.vocab_size}) differs from the target's "
