@@ -49,7 +49,11 @@ class PlannedForward:
         if decode["int8"] == "template" and self.formats != {"int8"}:
             decode["int8"] = "kernel"  # the template step freezes every layer: all int8 or none
         prompt = self._checked_prompt(plan, decode)
-        self.plan = dataclasses.replace(plan, decode=decode, prompt=prompt)
+        compiled = plan.compiled and model.compiles
+        if plan.compiled and not compiled:
+            self.notes.append(f"{type(model).__name__} layers eager: the compiled pieces "
+                              "trace the Llama layer")
+        self.plan = dataclasses.replace(plan, decode=decode, prompt=prompt, compiled=compiled)
         self.linear = forms.linear("decode", tuple(sorted(decode.items())), cuda)
         separate = any(prompt[f] != decode[f] for f in self.formats)
         self.prompt_linear: Linear | None = (
@@ -58,7 +62,7 @@ class PlannedForward:
         if self.prompt_linear is not None:
             self.layers[self.prompt_linear] = None
         self.decode_step: DecodeStep | None = None
-        if plan.compiled:
+        if compiled:
             self._compile(kv_caches, decode)
 
     def _checked_prompt(self, plan: Plan, decode: dict[str, str]) -> dict[str, str]:

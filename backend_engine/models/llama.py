@@ -98,6 +98,9 @@ class DecoderLayer:
 
 class LlamaModel:
     layer_class = DecoderLayer  # a family's own layer (qwen3.py) subclasses it
+    # the plan's compiled layers and decode step (accel/) trace this class's layers; a family
+    # whose layers differ otherwise (gemma3.py) runs them eager, each matmul the plan's Linear
+    compiles = True
 
     @staticmethod
     def checkpoint_weights(weights: dict[str, Any], config) -> dict[str, Any]:
