@@ -20,7 +20,7 @@ from backend_engine.errors import ContextLengthExceededError, InvalidRequestErro
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.metrics import EngineStats
-from backend_engine.model_families import check_config
+from backend_engine.model_families import check_config, context_limit
 from backend_engine.model_loader import resolve_model
 from backend_engine.model_runner import ModelRunner, SeqResult
 from backend_engine.output_processor import OutputProcessor, RequestState
@@ -118,10 +118,7 @@ class LLMEngine:
                           config.max_num_batched_tokens)
 
     def _max_model_len(self, config: EngineConfig) -> int:
-        limit = self.hf_config.max_position_embeddings
-        window = getattr(self.hf_config, "sliding_window", None)
-        if window:  # full attention is exact only inside the window
-            limit = min(limit, window)
+        limit = context_limit(self.hf_config)
         if config.max_model_len is not None:
             if config.max_model_len > limit:
                 raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's "

@@ -9,10 +9,13 @@ asked for): the loader checks a config before it reads any weight.
 | qwen2          | LlamaModel (models/llama.py) | q/k/v biases (read from the checkpoint)   |
 | qwen3          | Qwen3Model (models/qwen3.py) | an RMSNorm over each q and k head         |
 | phi3           | Phi3Model (models/phi3.py)   | q/k/v and gate/up fused in the checkpoint |
+| gemma3_text    | Gemma3Model (models/gemma3.py) | 1 + w norms around attention and MLP, GeGLU, q/k norms, sliding-window layers, two rotary bases |
 
 Every family reads: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 num_key_value_heads, head_dim, rms_norm_eps, vocab_size, max_position_embeddings, rope_theta /
-rope_scaling (rotary.py), tie_word_embeddings, sliding_window (caps max_model_len), eos ids.
+rope_scaling (rotary.py), tie_word_embeddings, sliding_window (caps max_model_len where the
+family has no sliding-window layers), eos ids. gemma3_text also reads layer_types,
+sliding_window, query_pre_attn_scalar and rope_parameters per layer type.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ FAMILIES: dict[str, str] = {  # model_type → "module:class" under backend_engi
     "qwen2": "llama:LlamaModel",
     "qwen3": "qwen3:Qwen3Model",
     "phi3": "phi3:Phi3Model",
+    "gemma3_text": "gemma3:Gemma3Model",
 }
+# families whose code runs sliding-window layers (the others are exact only inside the window)
+SLIDING_WINDOW_LAYERS = ("gemma3_text",)
 
 # (field, the values the model code implements): anything else is refused
 _ACTIVATIONS = ("silu",)
@@ -41,6 +47,10 @@ _REFUSED: dict[str, tuple[tuple[str, Any], ...]] = {
               ("attention_bias", (False, None))),  # True: an o_proj bias too
     "phi3": (("hidden_act", _ACTIVATIONS),
              ("partial_rotary_factor", (1.0, None))),  # Phi-4-mini rotates 3/4 of each head
+    "gemma3_text": (("hidden_activation", ("gelu_pytorch_tanh",)),
+                    ("attention_bias", (False, None)), ("attn_logit_softcapping", (None,)),
+                    ("final_logit_softcapping", (None,)),
+                    ("use_bidirectional_attention", (False, None))),
 }
 
 
@@ -58,6 +68,16 @@ def check_config(config) -> None:
             raise ModelLoadError(
                 f"{model_type} config field {name}={value!r} is not implemented (supported: "
                 + ", ".join(repr(a) for a in allowed if a is not None) + ")")
+
+
+def context_limit(config) -> int:
+    """The longest context the family's code answers exactly: a family without sliding-window
+    layers runs full attention, which equals a sliding-window config's only inside the window."""
+    limit = config.max_position_embeddings
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "model_type", None) not in SLIDING_WINDOW_LAYERS:
+        limit = min(limit, window)
+    return limit
 
 
 def model_class(config) -> type:

@@ -46,6 +46,18 @@ TINY_CONFIGS: dict[str, dict] = {
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                  rms_norm_eps=1e-5, tie_word_embeddings=False, rope_theta=10000.0,
                  pad_token_id=0, random_norms=True),
+    # a window of 16 (one block) between two global layers; head_dim and the attention scalar
+    # both not hidden_size / heads
+    "gemma3": dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128,
+                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32, query_pre_attn_scalar=24, sliding_window=16,
+                   layer_types=["full_attention", "sliding_attention", "full_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "default",
+                                                       "rope_theta": 1000000.0},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 10000.0}},
+                   max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                   pad_token_id=0, random_norms=True, norm_center=0.0),  # norms scale by 1 + w
 }
 
 
@@ -206,6 +218,7 @@ def _tiny_folder(arch: str) -> Path:
     params = dict(TINY_CONFIGS[arch])
     model_type = params.pop("model_type")
     random_norms = params.pop("random_norms", False)
+    norm_center = params.pop("norm_center", 1.0)
     config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer),
                                   bos_token_id=tokenizer.bos_token_id,
                                   eos_token_id=tokenizer.eos_token_id, **params)
@@ -216,7 +229,7 @@ def _tiny_folder(arch: str) -> Path:
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
             elif random_norms:  # norms of ones would leave a family's own norms untested
-                p.normal_(1.0, 0.2)
+                p.normal_(norm_center, 0.2)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     state = {k: v.contiguous() for k, v in model.state_dict().items()}

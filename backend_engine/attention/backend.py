@@ -19,6 +19,8 @@ class AttentionBackend(Protocol):
         ([num_blocks, block_size, kv_heads, head_dim]) at the given slots."""
 
     def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
         """Attention of queries ([tokens, heads, head_dim]) over the paged cache, which already
-        holds this step's K/V. Returns [tokens, heads, head_dim]."""
+        holds this step's K/V. Returns [tokens, heads, head_dim]. window > 0: a sliding-window
+        layer's, each query sees the `window` positions up to its own (transformers'
+        `sliding_window`); 0: every position up to its own."""

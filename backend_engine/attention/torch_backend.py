@@ -35,7 +35,8 @@ class TorchAttention:
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         store_kv(key, value, k_cache, v_cache, slot_mapping)
 
-    def forward(self, query, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    def forward(self, query, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                window: int = 0):
         # dense, whatever the strides of query (a view into the qkv projection)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         nd = meta.num_decode_tokens
@@ -47,16 +48,17 @@ class TorchAttention:
                     meta.decode_block_tables, meta.decode_context_lens, k_cache.shape[1],
                     bytes_per_token, query.device, query.dtype)
             for group in groups:
-                self._decode(query[:nd], k_cache, v_cache, group, scale, out[:nd])
+                self._decode(query[:nd], k_cache, v_cache, group, scale, window, out[:nd])
         for chunk in meta.prefills:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
             k = _gather(k_cache, chunk.block_table, chunk.context_len)
             v = _gather(v_cache, chunk.block_table, chunk.context_len)
-            out[rows] = self._prefill(query[rows], k, v, scale)
+            out[rows] = self._prefill(query[rows], k, v, scale, window)
         return out
 
     @staticmethod
-    def _decode(query, k_cache, v_cache, group: DecodeGroup, scale: float, out) -> None:
+    def _decode(query, k_cache, v_cache, group: DecodeGroup, scale: float, window: int,
+                out) -> None:
         # K/V of the group gathered by block: [B, L, KVH * D], each token's heads side by side.
         # GQA without repeating K/V or copying them into a per-head layout: each query head is
         # spread over all KVH * D columns with zeros outside its own KV head, so one batched
@@ -74,6 +76,10 @@ class TorchAttention:
         scores = torch.bmm(qs, k.transpose(1, 2)).mul_(scale)  # [B, H, L]
         if group.bias is not None:
             scores += group.bias
+        if window:  # the positions before the window's first
+            positions = torch.arange(scores.shape[-1], device=scores.device)
+            before = positions < (group.context_lens - window).unsqueeze(1)
+            scores.masked_fill_(before.unsqueeze(1), float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
         o = torch.bmm(probs, v).view(batch, kv_heads, -1, kv_heads, head_dim)
         o = torch.diagonal(o, dim1=1, dim2=3)  # each head's own KV head: [B, G, D, KVH]
@@ -84,19 +90,22 @@ class TorchAttention:
             out.index_copy_(0, group.rows, o)
 
     @staticmethod
-    def _prefill(q, k, v, scale: float):
+    def _prefill(q, k, v, scale: float, window: int):
         # q [Q, H, D], k/v [L, KVH, D] with L >= Q: the chunk's queries are the last Q positions
         q_len, ctx_len = q.shape[0], k.shape[0]
         # [1, H, L, D]: with a batch dimension torch takes its flash kernel on CPU; 3-D inputs
         # fell back to the math path (scores materialised, several times slower)
         qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        if q_len == ctx_len:
+        if q_len == ctx_len and not (window and window < ctx_len):
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale,
                                                enable_gqa=True)
         else:
             offset = ctx_len - q_len
             rows = torch.arange(q_len, device=q.device).unsqueeze(1) + offset
-            mask = torch.arange(ctx_len, device=q.device).unsqueeze(0) <= rows
+            positions = torch.arange(ctx_len, device=q.device).unsqueeze(0)
+            mask = positions <= rows
+            if window:
+                mask &= positions > rows - window
             o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale,
                                                enable_gqa=True)
         return o.squeeze(0).transpose(0, 1)

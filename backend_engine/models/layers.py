@@ -26,6 +26,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
+def rms_norm_fp32_scale(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalise and scale in fp32, then round to x's dtype (Gemma's order; weight in fp32)."""
+    return F.rms_norm(x.float(), weight.shape, weight, eps).to(x.dtype)
+
+
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
@@ -33,18 +38,18 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 def input_half(hidden: torch.Tensor, norm: torch.Tensor, qkv_weight,
                qkv_bias: torch.Tensor | None, qk_norm: torch.Tensor | None, cos: torch.Tensor,
                sin: torch.Tensor, eps: float, heads: int, kv_heads: int, head_dim: int,
-               linear: Linear):
+               linear: Linear, norm_fn: Callable = rms_norm):
     """The layer's input [T, hidden] → q [T, H, D], k [T, KVH, D], v [T, KVH, D].
 
     qk_norm: [2, D], the q and the k head's RMSNorm weights (Qwen3), applied to every head
-    before the rotation; None where the family has none."""
-    x = rms_norm(hidden, norm, eps)
+    before the rotation; None where the family has none. norm_fn: the family's RMSNorm."""
+    x = norm_fn(hidden, norm, eps)
     qkv = linear(x, qkv_weight, qkv_bias)
     qk, v = qkv.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
     qk = qk.view(-1, heads + kv_heads, head_dim)
     if qk_norm is not None:
         q, k = qk.split([heads, kv_heads], dim=1)
-        qk = torch.cat([rms_norm(q, qk_norm[0], eps), rms_norm(k, qk_norm[1], eps)], dim=1)
+        qk = torch.cat([norm_fn(q, qk_norm[0], eps), norm_fn(k, qk_norm[1], eps)], dim=1)
     # q and k heads side by side: one rotation for both
     qk = RotaryEmbedding.rotate(qk, cos, sin)
     q, k = qk.split([heads, kv_heads], dim=1)

@@ -101,6 +101,7 @@ class LlamaModel:
     # the plan's compiled layers and decode step (accel/) trace this class's layers; a family
     # whose layers differ otherwise (gemma3.py) runs them eager, each matmul the plan's Linear
     compiles = True
+    rotary_layer_types: tuple[str, ...] = ()  # kinds of layer with rotary settings of their own
 
     @staticmethod
     def checkpoint_weights(weights: dict[str, Any], config) -> dict[str, Any]:
@@ -125,7 +126,7 @@ class LlamaModel:
         self.attention = attention
         self.dtype, self.device = prep.dtype, prep.device
         self.rotary = RotaryEmbedding(config, self.head_dim, max_positions, self.dtype,
-                                      self.device)
+                                      self.device, self.rotary_layer_types)
         self.embed = prep.dense(weights["model.embed_tokens.weight"])
         self.norm = prep.dense(weights["model.norm.weight"])
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in weights

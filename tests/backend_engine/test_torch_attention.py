@@ -14,13 +14,14 @@ MIXED = [1, 15, 16, 17, 300, 31, 33, 64, 1000, 65, 100, 999]
 
 
 def _check(context_lens, num_decodes, query_lens, dtype=torch.float32, atol=2e-5, heads=9,
-           kv_heads=3, block_size=16, attention=None):
+           kv_heads=3, block_size=16, attention=None, window=0):
     batch = random_paged_batch(context_lens, kv_heads, 64, block_size, dtype, "cpu", seed=3)
     rows = num_decodes + sum(query_lens)
     query = torch.randn(rows, heads, 64, generator=torch.Generator().manual_seed(4)).to(dtype)
     meta = step_metadata(batch, num_decodes, query_lens, block_size)
-    out = (attention or TorchAttention()).forward(query, batch.k_cache, batch.v_cache, meta, 0.125)
-    expected = naive_attention(query, batch, num_decodes, query_lens, 0.125)
+    out = (attention or TorchAttention()).forward(query, batch.k_cache, batch.v_cache, meta, 0.125,
+                                                  window)
+    expected = naive_attention(query, batch, num_decodes, query_lens, 0.125, window)
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=atol)
 
 
@@ -31,6 +32,13 @@ def test_ragged_decodes_match_the_written_out_attention():
 def test_decodes_and_prefill_chunks_in_one_step():
     # two decodes, a prompt's first chunk, a chunk after a cached prefix, a verify of 1 + 3 drafts
     _check([40, 7, 20, 70, 120], 2, [20, 33, 4])
+
+
+@pytest.mark.parametrize("window", [1, 16, 40])
+def test_a_sliding_window_layer_sees_the_window_up_to_each_query(window):
+    # decodes shorter and longer than the window; a fresh prompt longer than it, a chunk after a
+    # cached prefix longer than it, a chunk inside it
+    _check([7, 40, 300, 20, 70, 120, 30], 3, [20, 33, 4, 5], window=window)
 
 
 @pytest.mark.parametrize("group_bytes", [1, 4096, 1 << 30])
@@ -81,9 +89,10 @@ class PagedDecode:
     compiled step is checked against the eager layers in tests/backend_engine/accel/)."""
     name = "paged_decode"
 
-    def forward(self, query, k_cache, v_cache, meta, scale):
+    def forward(self, query, k_cache, v_cache, meta, scale, window=0):
         from backend_engine.accel.paged_decode import paged_decode
 
+        assert not window, "the decode step runs only families without sliding windows"
         nd = meta.num_decode_tokens
         out = TorchAttention().forward(query, k_cache, v_cache, meta, scale)  # prefill rows
         out[:nd] = paged_decode(query[:nd], k_cache, v_cache, meta.decode_block_tables,

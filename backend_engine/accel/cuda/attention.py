@@ -26,19 +26,19 @@ class TritonAttention:
         store_kv(key, value, k_cache, v_cache, slot_mapping.to(key.device, non_blocking=True))
 
     def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
         kernel = self._kernel_metadata(meta, query.device)
         out = torch.empty_like(query)
         nd = meta.num_decode_tokens
         if nd:
             paged_decode_attention(query[:nd], k_cache, v_cache, kernel.decode_block_tables,
                                    kernel.decode_context_lens, scale,
-                                   kernel.max_decode_context_len, out=out[:nd])
+                                   kernel.max_decode_context_len, out=out[:nd], window=window)
         if meta.prefills:
             paged_prefill_attention(query, k_cache, v_cache, kernel.prefill_block_tables,
                                     kernel.prefill_query_starts, kernel.prefill_query_lens,
                                     kernel.prefill_context_lens, scale,
-                                    kernel.max_prefill_query_len, out=out)
+                                    kernel.max_prefill_query_len, out=out, window=window)
         return out
 
     @staticmethod

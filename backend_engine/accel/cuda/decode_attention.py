@@ -25,6 +25,7 @@ MIN_DOT = 16  # tl.dot needs every dimension >= 16 on GPUs
 @triton.jit
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
                          part_out_ptr, part_lse_ptr, qk_scale, tokens_per_split, num_splits,
+                         window,
                          stride_qt, stride_qh, stride_bt, stride_slot, stride_head,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -36,6 +37,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
     context_len = tl.load(context_lens_ptr + seq)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, context_len)
+    if window > 0:  # a sliding-window layer: the positions before the window are never read
+        start = tl.maximum(start, context_len - window)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -118,10 +121,11 @@ def default_num_splits(batch: int, kv_heads: int, max_context_len: int,
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            max_context_len: int, out: torch.Tensor | None = None,
-                           num_splits: int | None = None) -> torch.Tensor:
+                           num_splits: int | None = None, window: int = 0) -> torch.Tensor:
     """One query token per sequence: query [seqs, heads, head_dim] attends the first
-    context_lens[i] tokens of sequence i, found through block_tables [seqs, max_blocks].
-    max_context_len (a host int, no device sync) sizes the split grid."""
+    context_lens[i] tokens of sequence i (window > 0: the last `window` of them), found through
+    block_tables [seqs, max_blocks]. max_context_len (a host int, no device sync) sizes the
+    split grid."""
     check_paged_cache(k_cache, v_cache)
     _, block_size, kv_heads, head_dim = k_cache.shape
     batch, heads = query.shape[:2]
@@ -151,7 +155,7 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     group = heads // kv_heads
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, context_lens, part_out, part_lse,
-        scale * LOG2E, tokens_per_split, num_splits,
+        scale * LOG2E, tokens_per_split, num_splits, window,
         query.stride(0), query.stride(1), block_tables.stride(0), k_cache.stride(1),
         k_cache.stride(2), GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=max(MIN_DOT, triton.next_power_of_2(head_dim)),

@@ -4,7 +4,8 @@ Chunk c owns query rows [query_starts[c], query_starts[c] + query_lens[c]) of th
 context is context_lens[c] tokens, the last query_lens[c] of which are the chunk itself (already
 stored), the rest a cached prefix. Query row i of the chunk sits at position
 context_len - query_len + i and attends every context position up to its own (causal within the
-chunk, full over the prefix), all read through the chunk's block table. One program per
+chunk, full over the prefix; in a sliding-window layer, the `window` positions up to its own),
+all read through the chunk's block table. One program per
 (query tile, chunk, query head); the KV head is head // group, so K/V are never repeated.
 """
 
@@ -23,7 +24,7 @@ BLOCK_N = 32  # context tokens per inner-loop tile
 
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
-                    query_starts_ptr, query_lens_ptr, context_lens_ptr, qk_scale,
+                    query_starts_ptr, query_lens_ptr, context_lens_ptr, qk_scale, window,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_slot,
                     stride_head, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -53,7 +54,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # Keys past the tile's last query position are masked for every row: stop there.
     kv_end = tl.minimum(context_len, prefix_len + (tile + 1) * BLOCK_M)
-    for kv_tile in range(0, kv_end, BLOCK_N):
+    kv_start = 0
+    if window > 0:  # nor keys before the tile's first query's window: start at its tile
+        kv_start = tl.maximum(prefix_len + tile * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
+    for kv_tile in range(kv_start, kv_end, BLOCK_N):
         pos = kv_tile + tl.arange(0, BLOCK_N)
         n_mask = pos < kv_end
         block = tl.load(block_tables_ptr + chunk * stride_bt + pos // BLOCK_SIZE, mask=n_mask,
@@ -64,11 +68,15 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        if window > 0:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
-        # Position 0 is visible to every row, so after the first tile m_new is finite.
+        # A row may see nothing in a tile yet (its window starts later): m_new stays -inf,
+        # so subtract 0 there, never -inf - -inf.
         m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(scores - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -82,7 +90,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
 def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_starts: torch.Tensor,
                             query_lens: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                            max_query_len: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                            max_query_len: int, out: torch.Tensor | None = None,
+                            window: int = 0) -> torch.Tensor:
     """Attention for the prefill chunks of a step. query/out are the step's [tokens, heads,
     head_dim] (rows outside every chunk are left untouched); block_tables [chunks, max_blocks];
     query_starts, query_lens, context_lens [chunks]; max_query_len is a host int."""
@@ -111,7 +120,7 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     grid = (triton.cdiv(max_query_len, BLOCK_M), chunks, heads)
     _prefill_kernel[grid](
         query, k_cache, v_cache, out, block_tables, query_starts, query_lens, context_lens,
-        scale * LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        scale * LOG2E, window, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), k_cache.stride(1), k_cache.stride(2), GROUP=heads // kv_heads,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,

@@ -32,6 +32,7 @@ SETTINGS = {  # in test order, so each engine starts once
     "tiny-random-mistral": dict(num_kv_blocks=64),
     "tiny-random-qwen3": dict(num_kv_blocks=64),  # q/k head norms, replicated on both ranks
     "tiny-random-phi3": dict(num_kv_blocks=64),  # fused qkv and gate/up, split before sharding
+    "tiny-random-gemma3": dict(num_kv_blocks=64),  # sandwich norms replicated, a sliding window
     "default": dict(num_kv_blocks=64, quantization="none"),  # as default_llm, compared with it
 }
 

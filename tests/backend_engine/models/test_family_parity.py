@@ -21,7 +21,7 @@ from backend_engine.sampling_params import SamplingParams
 from tests.backend_engine.helpers import assert_answers_close, assert_no_leaks
 
 FAMILIES = ["tiny-random-llama", "tiny-random-qwen2", "tiny-random-mistral", "tiny-random-qwen3",
-            "tiny-random-phi3"]
+            "tiny-random-phi3", "tiny-random-gemma3"]
 FEATURES = {
     "batched": {},
     "chunked": dict(max_num_batched_tokens=16),  # prompts in chunks, beside others' decodes

@@ -75,18 +75,19 @@ def step_metadata(batch: PagedBatch, num_decodes: int, query_lens: list[int],
 
 
 def reference_attention(query: torch.Tensor, batch: PagedBatch, meta: AttentionMetadata,
-                        scale: float) -> torch.Tensor:
+                        scale: float, window: int = 0) -> torch.Tensor:
     """TorchAttention in fp32 on CPU: the reference every kernel is held to."""
     from backend_engine.attention.torch_backend import TorchAttention
 
     return TorchAttention().forward(query.float().cpu(), batch.k_cache.float().cpu(),
-                                    batch.v_cache.float().cpu(), meta, scale)
+                                    batch.v_cache.float().cpu(), meta, scale, window)
 
 
 def naive_attention(query: torch.Tensor, batch: PagedBatch, num_decodes: int,
-                    query_lens: list[int], scale: float) -> torch.Tensor:
+                    query_lens: list[int], scale: float, window: int = 0) -> torch.Tensor:
     """Attention written out per sequence and per head from the slots, in fp64: what
-    TorchAttention itself is held to."""
+    TorchAttention itself is held to. window > 0: each query sees the `window` positions up to
+    its own."""
     block_size, kv_heads, head_dim = batch.k_cache.shape[1:]
     flat_k = batch.k_cache.double().reshape(-1, kv_heads, head_dim)
     flat_v = batch.v_cache.double().reshape(-1, kv_heads, head_dim)
@@ -99,11 +100,12 @@ def naive_attention(query: torch.Tensor, batch: PagedBatch, num_decodes: int,
         k, v = flat_k[index], flat_v[index]  # [ctx, KVH, D]
         for j in range(n):
             visible = ctx - n + j + 1  # causal: a query sees its own position and before
+            first = max(0, visible - window) if window else 0
             q = query[row + j].double()
             o = torch.empty(heads, head_dim, dtype=torch.float64)
             for h in range(heads):
-                scores = (k[:visible, h // group] @ q[h]) * scale
-                o[h] = torch.softmax(scores, 0) @ v[:visible, h // group]
+                scores = (k[first:visible, h // group] @ q[h]) * scale
+                o[h] = torch.softmax(scores, 0) @ v[first:visible, h // group]
             out.append(o)
         row += n
     return torch.stack(out)

@@ -14,7 +14,7 @@ RAGGED = [1, 15, 16, 17, 31, 32, 33, 64, 65, 100]
 
 
 def _run(context_lens, heads, kv_heads, head_dim, block_size, dtype, device, num_splits=None,
-         seed=0):
+         seed=0, window=0):
     batch = random_paged_batch(context_lens, kv_heads, head_dim, block_size, dtype, device, seed)
     query = torch.randn(len(context_lens), heads, head_dim,
                         generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
@@ -23,9 +23,9 @@ def _run(context_lens, heads, kv_heads, head_dim, block_size, dtype, device, num
         query.to(device), batch.k_cache, batch.v_cache,
         padded_tables(batch.block_tables, device),
         torch.tensor(context_lens, dtype=torch.int32, device=device), scale,
-        max_context_len=max(context_lens), num_splits=num_splits)
+        max_context_len=max(context_lens), num_splits=num_splits, window=window)
     meta = step_metadata(batch, len(context_lens), [], block_size)
-    expected = reference_attention(query, batch, meta, scale)
+    expected = reference_attention(query, batch, meta, scale, window)
     torch.testing.assert_close(out.float().cpu(), expected, atol=TOLERANCE[dtype],
                                rtol=TOLERANCE[dtype])
 
@@ -35,6 +35,12 @@ def _run(context_lens, heads, kv_heads, head_dim, block_size, dtype, device, num
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_ragged_batch_matches_reference(heads, kv_heads, head_dim, block_size, device):
     _run(RAGGED, heads, kv_heads, head_dim, block_size, torch.float32, device)
+
+
+@pytest.mark.parametrize("window", [1, 20, 64])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_a_sliding_window_matches_reference(window, num_splits, device):
+    _run(RAGGED, 9, 3, 64, 16, torch.float32, device, num_splits=num_splits, window=window)
 
 
 @pytest.mark.parametrize("context_len", [1, 16, 33, 200])

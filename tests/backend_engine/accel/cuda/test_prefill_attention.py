@@ -10,7 +10,7 @@ from tests.backend_engine.accel.cuda.paged_cases import (padded_tables, random_p
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3}
 
 
-def _run(chunks, heads, kv_heads, head_dim, block_size, dtype, device, seed=0):
+def _run(chunks, heads, kv_heads, head_dim, block_size, dtype, device, seed=0, window=0):
     """chunks: (cached prefix, new tokens) per sequence."""
     context_lens = [p + n for p, n in chunks]
     query_lens = [n for _, n in chunks]
@@ -24,9 +24,9 @@ def _run(chunks, heads, kv_heads, head_dim, block_size, dtype, device, seed=0):
         padded_tables(batch.block_tables, device), starts.to(torch.int32).to(device),
         torch.tensor(query_lens, dtype=torch.int32, device=device),
         torch.tensor(context_lens, dtype=torch.int32, device=device), scale,
-        max_query_len=max(query_lens))
+        max_query_len=max(query_lens), window=window)
     meta = step_metadata(batch, 0, query_lens, block_size)
-    expected = reference_attention(query, batch, meta, scale)
+    expected = reference_attention(query, batch, meta, scale, window)
     torch.testing.assert_close(out.float().cpu(), expected, atol=TOLERANCE[dtype],
                                rtol=TOLERANCE[dtype])
 
@@ -42,6 +42,12 @@ MIXED = [(0, 1), (0, 16), (0, 33), (16, 1), (32, 17), (7, 40), (48, 16), (5, 3)]
 def test_ragged_chunks_with_prefix_hits_match_reference(heads, kv_heads, head_dim, block_size,
                                                         device):
     _run(MIXED, heads, kv_heads, head_dim, block_size, torch.float32, device)
+
+
+@pytest.mark.parametrize("window", [1, 20, 40])
+def test_a_sliding_window_matches_reference(window, device):
+    # windows shorter than a query tile (32) and longer; prefixes longer than the window
+    _run(MIXED + [(90, 40)], 9, 3, 64, 16, torch.float32, device, window=window)
 
 
 @pytest.mark.parametrize("chunk", [(0, 1), (0, 70), (64, 1), (64, 5), (31, 33)])

@@ -11,10 +11,11 @@ from backend_engine.attention.torch_backend import TorchAttention
 from tests.backend_engine.accel.cuda.paged_cases import random_paged_batch, step_metadata
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(9, 3, 64, 16), (32, 8, 128, 32)])
-def test_mixed_step_matches_torch_backend(heads, kv_heads, head_dim, block_size, device):
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,window",
+                         [(9, 3, 64, 16, 0), (32, 8, 128, 32, 0), (9, 3, 64, 16, 20)])
+def test_mixed_step_matches_torch_backend(heads, kv_heads, head_dim, block_size, window, device):
     """Decodes first, then a fresh prompt, a prefix hit and a spec-verify-sized chunk; the new
-    K/V go through store_kv first, as the model calls it."""
+    K/V go through store_kv first, as the model calls it (and a sliding-window layer's step)."""
     decode_lens, chunks = [1, 17, 40], [(0, 21), (32, 5), (50, 4)]
     context_lens = decode_lens + [p + n for p, n in chunks]
     query_lens = [n for _, n in chunks]
@@ -27,12 +28,12 @@ def test_mixed_step_matches_torch_backend(heads, kv_heads, head_dim, block_size,
     ref = TorchAttention()
     ref_k, ref_v = batch.k_cache.clone(), batch.v_cache.clone()
     ref.store_kv(key, value, ref_k, ref_v, meta.slot_mapping)
-    expected = ref.forward(query, ref_k, ref_v, meta, scale)
+    expected = ref.forward(query, ref_k, ref_v, meta, scale, window)
 
     triton_attn = get_attention_backend("triton", device)
     k_cache, v_cache = batch.k_cache.to(device), batch.v_cache.to(device)
     triton_attn.store_kv(key.to(device), value.to(device), k_cache, v_cache, meta.slot_mapping)
-    out = triton_attn.forward(query.to(device), k_cache, v_cache, meta, scale)
+    out = triton_attn.forward(query.to(device), k_cache, v_cache, meta, scale, window)
     assert torch.equal(k_cache.cpu(), ref_k) and torch.equal(v_cache.cpu(), ref_v)
     torch.testing.assert_close(out.cpu(), expected, atol=2e-5, rtol=2e-5)
     first = meta.kernel  # later layers reuse the step's kernel metadata
