@@ -12,12 +12,13 @@ from backend_engine.model_loader import resolve_model
 from backend_engine.models.llama import LlamaModel
 from backend_engine.models.phi3 import Phi3Model
 from backend_engine.models.qwen3 import Qwen3Model
-from backend_engine.model_families import check_config, model_class
+from backend_engine.model_families import check_config, context_limit, model_class
+from backend_engine.models.gemma3 import Gemma3Model
 
 
 @pytest.mark.parametrize("family, cls", [("llama", LlamaModel), ("qwen2", LlamaModel),
                                          ("mistral", LlamaModel), ("qwen3", Qwen3Model),
-                                         ("phi3", Phi3Model)])
+                                         ("phi3", Phi3Model), ("gemma3", Gemma3Model)])
 def test_each_family_has_its_class(family, cls):
     config = AutoConfig.from_pretrained(resolve_model(f"tiny-random-{family}").folder)
     assert model_class(config) is cls
@@ -28,11 +29,22 @@ def test_each_family_has_its_class(family, cls):
     ("llama", "attention_bias", True), ("qwen2", "use_sliding_window", True),
     ("qwen3", "use_sliding_window", True), ("qwen3", "attention_bias", True),
     ("phi3", "partial_rotary_factor", 0.75),
+    ("gemma3_text", "final_logit_softcapping", 30.0),
+    ("gemma3_text", "attn_logit_softcapping", 50.0),
+    ("gemma3_text", "hidden_activation", "silu"),
+    ("gemma3_text", "use_bidirectional_attention", True),
 ])
 def test_an_unimplemented_config_value_is_refused_naming_the_field(model_type, field, value):
     config = AutoConfig.for_model(model_type, **{field: value})
     with pytest.raises(ModelLoadError, match=f"{model_type} config field {field}="):
         check_config(config)
+
+
+def test_only_a_family_without_sliding_window_layers_is_capped_at_its_window():
+    assert context_limit(AutoConfig.for_model("mistral", sliding_window=512,
+                                              max_position_embeddings=4096)) == 512
+    assert context_limit(AutoConfig.for_model("gemma3_text", sliding_window=512,
+                                              max_position_embeddings=4096)) == 4096
 
 
 def test_a_checkpoint_with_an_unimplemented_field_loads_nothing(tmp_path):
