@@ -33,6 +33,25 @@ VENV = Path(os.environ.get("KVGATE_LLAMACPP_VENV",
                            Path.home() / ".cache" / "kvgate" / "llamacpp-venv"))
 
 
+# llama.cpp's built-in chat template of a GGUF architecture whose files may carry none (the
+# Gemma 3 270M GGUF has none; kvgate renders Gemma's turns for it, backend_engine/chat_templates.py)
+BUILTIN_TEMPLATES = {"gemma3": "gemma"}
+
+
+def chat_template_args(gguf: Path) -> list[str]:
+    """`--chat-template NAME` where the GGUF has no template and llama.cpp names its family's;
+    else nothing (llama-server uses the file's own)."""
+    from gguf import GGUFReader
+
+    if not gguf.is_file():  # llama-server says so itself
+        return []
+    fields = GGUFReader(str(gguf)).fields
+    if "tokenizer.chat_template" in fields or "general.architecture" not in fields:
+        return []
+    name = BUILTIN_TEMPLATES.get(fields["general.architecture"].contents())
+    return ["--chat-template", name] if name else []
+
+
 class LlamaServerUnavailable(RuntimeError):
     """llama-server could not be built or started."""
 
@@ -113,7 +132,7 @@ class LlamaServer:
                 "--port", str(self.port), "--parallel", str(self.parallel),
                 "--ctx-size", str(self.parallel * self.ctx_per_slot), "--threads", str(threads),
                 "--threads-batch", str(threads), "--cont-batching", "--metrics",
-                "--no-webui", *self.extra_args]
+                "--no-webui", *chat_template_args(self.gguf), *self.extra_args]
 
     def __enter__(self) -> str:
         if self.gguf is None:

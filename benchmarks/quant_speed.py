@@ -1,5 +1,6 @@
 """Speed of quantised weights: kvgate fp32 / bf16 / int8 / int4 against llama.cpp's llama-server
-on the same GGUF (SmolLM2-135M-Instruct Q4_1), one run, the same threads for every server.
+on the same GGUF (SmolLM2-135M-Instruct Q4_1; `--model gemma3-270m`: Gemma 3 270M Q4_K_M), one
+run, the same threads for every server.
 
 Every server is started first (one kvgate replica per format through `kvgate up --gateways 0`,
 and llama-server with 16 parallel slots); then they are measured in turn, request by request or
@@ -49,12 +50,12 @@ FORMATS = {"fp32": dict(dtype="float32", quantization="none"),
 PROMPT_TOKENS, LONG_PROMPT_TOKENS = 110, 1000
 
 
-def prompt_texts(count: int, tokens: int, offset: int = 0) -> list[str]:
+def prompt_texts(count: int, tokens: int, offset: int = 0, model: str = "default") -> list[str]:
     from transformers import AutoTokenizer
 
     from backend_engine.model_loader import resolve_model
 
-    tok = AutoTokenizer.from_pretrained(resolve_model("default").folder)
+    tok = AutoTokenizer.from_pretrained(resolve_model(model).folder)
     ids = tok.encode(TEXT.read_text())
     step = max(1, (len(ids) - tokens) // max(count, 1))
     return [f"[{offset + i}] " + tok.decode(ids[i * step: i * step + tokens]) for i in range(count)]
@@ -101,16 +102,16 @@ async def measure(urls: dict[str, str], args) -> dict[str, dict]:
 
         for name in names:
             await one(name, "Hello", 4)  # warm up
-        for i, prompt in enumerate(prompt_texts(args.c1_requests, PROMPT_TOKENS, offset=100)):
+        for i, prompt in enumerate(prompt_texts(args.c1_requests, PROMPT_TOKENS, 100, args.model)):
             for name in names[i % 2:] + names[:i % 2]:
                 c1[name].append(await one(name, prompt, args.max_tokens))
-        prompts = prompt_texts(args.concurrency, PROMPT_TOKENS, offset=200)
+        prompts = prompt_texts(args.concurrency, PROMPT_TOKENS, 200, args.model)
         for name in names:
             start = time.perf_counter()
             results = await asyncio.gather(*[one(name, p, args.max_tokens) for p in prompts])
             wave[name] = {"results": results, "wall": time.perf_counter() - start}
-        for i, prompt in enumerate(prompt_texts(args.prefill_requests, LONG_PROMPT_TOKENS,
-                                                offset=300)):
+        for i, prompt in enumerate(prompt_texts(args.prefill_requests, LONG_PROMPT_TOKENS, 300,
+                                                args.model)):
             for name in names[i % 2:] + names[:i % 2]:
                 long[name].append(await one(name, prompt, 1))
     rows = {}
@@ -130,7 +131,7 @@ def kvgate_replica(name: str, flags: dict, args, stack: ExitStack, say) -> tuple
     from benchmarks.serve_bench_cluster import Cluster
     from kvgate.launcher.config import UpConfig
 
-    llm = LLM("default", num_kv_blocks=16, **flags)  # in-process, only to count weight bytes
+    llm = LLM(args.model, num_kv_blocks=16, **flags)  # in-process, only to count weight bytes
     mb = weight_bytes(llm.engine.runner) / 1e6
     del llm
     gc.collect()
@@ -140,7 +141,7 @@ def kvgate_replica(name: str, flags: dict, args, stack: ExitStack, say) -> tuple
               **{k: v for k, v in flags.items() if k == "engine_options"}}
     # each server has the cores to itself: kvgate's workers spin as long as llama-server's
     os.environ["GOMP_SPINCOUNT"] = str(args.omp_spin_count)
-    config = UpConfig(model="default", replicas=1, gateways=0, num_threads=args.threads,
+    config = UpConfig(model=args.model, replicas=1, gateways=0, num_threads=args.threads,
                       quantization=flags.get("quantization"), engine=engine,
                       log_level="warning", health_timeout_s=900.0)
     say(f"starting kvgate {name}")
@@ -152,7 +153,10 @@ def llamacpp_server(args, stack: ExitStack, say) -> tuple[str, float] | None:
     """Start llama-server on the GGUF; its /v1 URL and the file's MB (None if it cannot run)."""
     from benchmarks.llamacpp_server import LlamaServer, LlamaServerUnavailable
 
-    server = LlamaServer(parallel=args.concurrency, threads=args.threads, say=say)
+    from backend_engine.model_loader import gguf_file
+
+    server = LlamaServer(gguf=gguf_file(args.model), parallel=args.concurrency,
+                         threads=args.threads, say=say)
     try:
         url = stack.enter_context(server)
     except LlamaServerUnavailable as exc:
@@ -161,8 +165,18 @@ def llamacpp_server(args, stack: ExitStack, say) -> tuple[str, float] | None:
     return url, server.gguf.stat().st_size / 1e6
 
 
+def llamacpp_label(gguf) -> str:
+    """The GGUF's weight type, from its `general.file_type` (Q4_1, Q4_K_M, …)."""
+    from gguf import GGUFReader, LlamaFileType
+
+    field = GGUFReader(str(gguf)).fields.get("general.file_type")
+    return LlamaFileType(field.contents()).name.removeprefix("MOSTLY_") if field else "GGUF"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default",
+                    help='"default" (SmolLM2-135M-Instruct), "gemma3-270m" or a .gguf file')
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -174,6 +188,12 @@ def main() -> None:
                     help="GOMP_SPINCOUNT of the kvgate replicas (default: libgomp's own, which "
                          "llama-server runs with; kvgate's default is 1000)")
     args = ap.parse_args()
+    from backend_engine.model_loader import gguf_file
+
+    gguf = gguf_file(args.model)
+    if gguf is None:
+        ap.error(f"--model {args.model!r} is not a GGUF checkpoint (llama.cpp serves the same file)")
+    llamacpp = f"llama.cpp {llamacpp_label(gguf)}"
 
     def say(message: str) -> None:
         print(message, flush=True)
@@ -183,23 +203,24 @@ def main() -> None:
         if not args.no_llamacpp:
             started = llamacpp_server(args, stack, say)
             if started:
-                servers["llama.cpp Q4_1"] = started
+                servers[llamacpp] = started
         for name in args.formats.split(","):
             servers[f"kvgate {name}"] = kvgate_replica(name, FORMATS[name], args, stack, say)
         figures = asyncio.run(measure({name: url for name, (url, _) in servers.items()}, args))
     rows = [{"server": name, "weight_mb": mb, **figures[name]} for name, (_, mb) in servers.items()]
     for row in rows:
         say(json.dumps(row))
-    ll = next((r for r in rows if r["server"] == "llama.cpp Q4_1"), None)
+    ll = next((r for r in rows if r["server"] == llamacpp), None)
     by = {r["server"]: r for r in rows}
-    summary = {"threads": args.threads, "rows": rows}
+    summary = {"model": args.model, "threads": args.threads, "rows": rows}
     for name in ("int4", "int4-lm8", "int4-lm4"):
         row, key = by.get(f"kvgate {name}"), name.replace("-", "_")
         if row and ll:
             summary[f"{key}_c1_vs_llamacpp"] = round(row["c1_tok_s"] / ll["c1_tok_s"], 3)
             summary[f"{key}_c16_vs_llamacpp"] = round(row["c16_tok_s"] / ll["c16_tok_s"], 3)
     print(json.dumps(summary))
-    results_file.write("quant_speed", summary, {"args": vars(args)})
+    name = "quant_speed" if args.model == "default" else f"quant_speed_{gguf.stem}"
+    results_file.write("quant_speed", summary, {"args": vars(args)}, name=name)
 
 
 if __name__ == "__main__":

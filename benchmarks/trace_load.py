@@ -38,7 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--speedup", type=float, default=3.0, help="arrivals this many times faster than recorded")
     p.add_argument("--window-s", type=float, default=510.0, help="per server; unfinished requests are cut off")
     p.add_argument("--servers", default="kvgate,llamacpp", help="comma-separated: kvgate, llamacpp")
-    p.add_argument("--model", default="default", help="kvgate's model (llama.cpp always serves the default GGUF)")
+    p.add_argument("--model", default="default",
+                   help='both servers\' model: "default" (SmolLM2-135M-Instruct), "gemma3-270m" or a '
+                        '.gguf file (llama.cpp serves the same file; kvgate alone: any --model)')
     p.add_argument("--replicas", type=int, default=None, help="kvgate replicas (default: kvgate up's)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per replica (default: kvgate up's)")
     p.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
@@ -48,8 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llamacpp-parallel", type=int, default=16, help="llama-server --parallel slots")
     p.add_argument("--ttft-slo-s", type=float, default=10.0)
     p.add_argument("--itl-slo-ms", type=float, default=250.0)
-    p.add_argument("--out", default=str(RESULTS / "trace_load"), help="prefix of the .json/.md/.png written")
-    return p.parse_args(argv)
+    p.add_argument("--out", default=None,
+                   help="prefix of the .json/.md/.png written (default: results/trace_load, with "
+                        "_MODEL for another model)")
+    args = p.parse_args(argv)
+    if args.out is None:
+        stem = "" if args.model == "default" else "_" + Path(args.model).stem
+        args.out = str(RESULTS / f"trace_load{stem}")
+    return args
 
 
 def engine_flags(args: argparse.Namespace) -> dict:
@@ -87,7 +95,13 @@ def run_kvgate(args, jobs: list[Job], say) -> list:
 def run_llamacpp(args, jobs: list[Job], say) -> list:
     from benchmarks.llamacpp_server import LlamaServer
 
-    server = LlamaServer(parallel=args.llamacpp_parallel, say=say)
+    from backend_engine.model_loader import gguf_file
+
+    gguf = gguf_file(args.model)
+    if gguf is None:
+        raise SystemExit(f"llama.cpp serves GGUF files; --model {args.model!r} is not one "
+                         "(run with --servers kvgate)")
+    server = LlamaServer(gguf=gguf, parallel=args.llamacpp_parallel, say=say)
     with server as base_url:
         say(f"llama-server: {shlex.join(server.command(Path('.')))[:200]} …")
         return asyncio.run(replay(base_url, None, jobs, args.window_s))
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from backend_engine.model_loader import resolve_model
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("default").folder)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model).folder)
     jobs = trace_jobs(trace_path(args.trace), args.rows, args.speedup,
                       single_token_words(tokenizer))
     say(f"{len(jobs)} requests over {jobs[-1].arrival:.1f} s, window {args.window_s:.0f} s")
