@@ -66,6 +66,7 @@ def _ext_proc(s: EnvoySettings) -> dict:
         "grpc_service": {"envoy_grpc": {"cluster_name": "kvgate_picker"},
                          "timeout": f"{s.message_timeout_s:g}s"},
         "failure_mode_allow": s.failure_mode_allow,
+        "status_on_error": {"code": 503},  # fail closed: the picker is unavailable, not broken
         "message_timeout": f"{s.message_timeout_s:g}s",
         "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
                             "request_trailer_mode": "SKIP", "response_header_mode": "SEND",
@@ -79,7 +80,10 @@ def _routes(s: EnvoySettings) -> list[dict]:
     picked = {"match": {"prefix": "/", "headers": [{"name": DESTINATION_HEADER, "present_match": True}]},
               "route": {"cluster": "kvgate_picked", "timeout": "0s"}}
     if s.failure_mode_allow:
-        unpicked = {"match": {"prefix": "/"}, "route": {"cluster": "kvgate_pool", "timeout": "0s"}}
+        unpicked = {"match": {"prefix": "/"}, "route": {
+            "cluster": "kvgate_pool", "timeout": "0s",
+            # no picker means no health checks either: a dead replica is passed over on connect
+            "retry_policy": {"retry_on": "connect-failure,reset-before-request", "num_retries": 2}}}
     else:
         unpicked = {"match": {"prefix": "/"}, "direct_response": {
             "status": 503, "body": {"inline_string": FAIL_CLOSED_BODY}},
