@@ -43,9 +43,9 @@ class EngineConfig:
     served_model_name: str | None = setting(
         None, "the id clients use, and the namespace of the block hashes (default: the "
         "model's name)", via="`--served-model-name` (its first name)")
-    dtype: str = setting("auto", "weights', activations' and KV cache's dtype; auto: bfloat16 "
-                         "where the device computes it natively (CUDA with bf16, CPUs with "
-                         "AVX512-BF16 or AMX), else float32 (float16 on older CUDA GPUs)",
+    dtype: str = setting("auto", "weights', activations' and KV cache's dtype; auto: float32 on "
+                         "every CPU (bf16 GEMMs there make a row's bits depend on its batch), "
+                         "bfloat16 on CUDA with bf16, else float16",
                          choices=DTYPES)
     quantization: str | None = setting(
         None, "weights: int8 (per channel) / int4 (group-wise) quantise at load, a GGUF's "

@@ -1,10 +1,15 @@
-"""`--dtype auto`: the compute dtype a device runs fastest without losing the model's quality.
+"""`--dtype auto`: the compute dtype a device runs without losing the model's quality or the
+engine's guarantees.
 
-bfloat16 where the hardware computes it natively: CUDA GPUs with bf16 (Ampere and later), and
-x86 CPUs with AVX512-BF16 or AMX-BF16, where bf16 matmuls run several times faster than fp32
-(and the KV cache, read in full every decode step, is half the bytes). float32 elsewhere: on a
-CPU without those instructions bf16 is emulated and slower than fp32. This is what vLLM users
-get on the same hardware (its CPU backend defaults to bf16)."""
+On CUDA: bfloat16 where the GPU computes it natively (Ampere and later), else float16. On every
+CPU: float32. A bf16 GEMM on CPU (oneDNN) picks its kernel, and so its order of summation, by the
+shape of the product, so a row's bits would depend on how many rows share its step: a sequence's
+greedy tokens would change with its batch, its chunking and its prefix-cache hits, and two
+replicas on different CPUs would answer differently (tests/backend_engine/test_equivalence.py).
+In float32 every CPU class gives a row the same bits wherever it sits. `--dtype bfloat16` on a
+CPU with AVX512-BF16 or AMX-BF16 is faster and halves the KV cache, without those guarantees.
+The quantised forms still multiply in bf16 where the CPU computes it natively, over fixed row
+tiles that keep them (accel/cpu/tiles.py)."""
 
 from __future__ import annotations
 
@@ -45,4 +50,4 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
             else "float16"
-    return "bfloat16" if cpu_has_native_bf16() else "float32"
+    return "float32"

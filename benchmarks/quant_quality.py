@@ -46,7 +46,7 @@ NUM_PROMPTS, PROMPT_TOKENS, NEW_TOKENS = 32, 24, 64
 
 def formats(model: str = "default") -> dict[str, dict]:
     fp = str(resolve_model(model).folder)  # the dequantised fp32 checkpoint
-    return {"fp32": dict(model=model, quantization="none"),
+    return {"fp32": dict(model=model, quantization="none", dtype="float32"),
             "transformers": dict(model=model),  # not an engine: transformers on the GGUF
             "bf16": dict(model=model, quantization="none", dtype="bfloat16"),
             "int8": dict(model=fp, quantization="int8"),
