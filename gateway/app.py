@@ -22,12 +22,15 @@ from protocol.openapi import document_bodies
 from protocol.responses import ResponsesRequest
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
-    state = GatewayState(config)
+def create_app(config: GatewayConfig, state: GatewayState | None = None) -> FastAPI:
+    """`state`: one its owner starts and closes (the endpoint picker shares it); else the app's."""
+    owned = state is None
+    state = GatewayState(config) if state is None else state
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        await state.start()
+        if owned:
+            await state.start()
         # Everything loaded so far (modules, tokenizer, app) lives as long as the process: keep
         # it out of the collector's scans, and collect young objects less often, which trims the
         # tail latency that full collections add to requests.
@@ -37,7 +40,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         try:
             yield
         finally:
-            await state.close()
+            if owned:
+                await state.close()
 
     app = FastAPI(title="kvgate gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = state

@@ -29,7 +29,11 @@ def _digest(key: str) -> bytes:
 
 
 def bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
+    return bearer_token(request.headers.get("authorization", ""))
+
+
+def bearer_token(header: str) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header value, None if it is not one."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
@@ -67,7 +71,10 @@ class KeyStore:
 
     async def user(self, request: Request) -> ApiKey | None:
         """The caller's key, None in open access; 401 when missing or wrong."""
-        token = bearer(request)
+        return await self.user_token(bearer(request))
+
+    async def user_token(self, token: str | None) -> ApiKey | None:
+        """`user` for a bearer token read elsewhere (the endpoint picker's request headers)."""
         if self.open_access and token is None:
             return None
         if token is None:

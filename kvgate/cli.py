@@ -4,6 +4,7 @@
     kvgate engine --model PATH_OR_DEFAULT --port P [engine flags]   one replica
     kvgate up                                                        the local default setup
     kvgate gateway --replica URL … [--redis-url URL] [--policy NAME]  one gateway
+    kvgate picker --replica URL … --grpc-port P                      Envoy's endpoint picker (ext_proc)
 """
 
 from __future__ import annotations
@@ -131,6 +132,19 @@ def _run_gateway(args: argparse.Namespace) -> int:
     return serve_gateway(config)
 
 
+def _run_picker(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError
+    from gateway.picker.service import serve_picker
+    from gateway.serve import config_from_args
+
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"kvgate: {exc}", file=sys.stderr)
+        return 2
+    return serve_picker(config, f"{args.grpc_host}:{args.grpc_port}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvgate", description="KV-cache-aware LLM gateway and engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_up_flags(up)
     gw = sub.add_parser("gateway", help="run a gateway in front of replicas")
     _add_gateway_flags(gw)
+    picker = sub.add_parser("picker", help="route for Envoy: an ext_proc endpoint picker (Gateway API "
+                                           "Inference Extension); --host/--port serve its admin API and metrics")
+    _add_gateway_flags(picker)
+    picker.add_argument("--grpc-host", default="127.0.0.1", help="interface of the ext_proc service (0.0.0.0: all)")
+    picker.add_argument("--grpc-port", type=int, default=9002, help="TCP port of the ext_proc service")
     return parser
 
 
@@ -152,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_engine(args)
     if args.command == "gateway":
         return _run_gateway(args)
+    if args.command == "picker":
+        return _run_picker(args)
     if args.command == "up":
         from kvgate.launcher.command import run_up
 

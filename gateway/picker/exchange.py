@@ -1,0 +1,231 @@
+"""One HTTP request as the endpoint picker sees it, phase by phase over its ext_proc stream:
+request headers (authenticate, learn the path and the subset hint), the buffered request body
+(admit and route exactly as the gateway does, book the replica), response headers and body
+(the replica's status, time to first byte, usage with cached tokens), then the end of the
+stream, which releases the booking whether the response ended or the client went away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+
+from gateway.admission import ENDPOINTS, admit
+from gateway.auth import bearer_token
+from gateway.config import ApiKey
+from gateway.forward import (REPLICA_HEADER, RoutedRequest, _exclusions, _finish_request,
+                             _keep_lease, _note_failure, _observe_usage, _record, _release)
+from gateway.picker import gie
+from gateway.picker.endpoints import Endpoints, UnresolvableReplica
+from gateway.replicas import Replica
+from gateway.state import GatewayState
+from gateway.stats import DecisionRecord
+from gateway.upstream import UsageScanner, usage_of
+from protocol.disconnect import CLIENT_CLOSED_REQUEST
+from protocol.errors import APIError, bad_request, model_not_found, not_found, service_unavailable
+from protocol.model_list import ModelCard, ModelList
+from routing.policies import Decision, NoReplicaAvailable
+
+MAX_USAGE_BODY_BYTES = 8 << 20  # a non-streamed answer larger than this is not read for usage
+
+
+@dataclass(slots=True)
+class Picked:
+    """A routed request from its pick to the end of its response."""
+    routed: RoutedRequest
+    replica: Replica
+    decision: Decision
+    record: DecisionRecord
+    lease: asyncio.Task | None
+    status: int | None = None
+    first_byte: bool = False
+
+
+class Exchange:
+    def __init__(self, state: GatewayState, endpoints: Endpoints) -> None:
+        self.state, self.endpoints = state, endpoints
+        self.started = time.perf_counter()
+        self.headers: dict[str, str] = {}
+        self.path = ""
+        self.key: ApiKey | None = None
+        self.subset: set[str] | None = None
+        self.response_body_seen = True  # False: the proxy sends no response body (mode NONE)
+        self.picked: Picked | None = None
+        self.finished = False
+        self._scanner = UsageScanner()
+        self._body = bytearray()
+
+    async def handle(self, request: ext_proc.ProcessingRequest) -> ext_proc.ProcessingResponse:
+        if request.HasField("protocol_config"):
+            self.response_body_seen = (request.protocol_config.response_body_mode
+                                       != ProcessingMode.NONE)
+        phase = request.WhichOneof("request")
+        try:
+            if phase == "request_headers":
+                return await self._request_headers(request)
+            if phase == "request_body":
+                return await self._request_body(request.request_body)
+            if phase == "response_headers":
+                return await self._response_headers(request.response_headers)
+            if phase == "response_body":
+                return await self._response_body(request.response_body)
+        except APIError as error:
+            return gie.error_response(error)
+        return ext_proc.ProcessingResponse(**{phase: ext_proc.TrailersResponse()})
+
+    # -- request ---------------------------------------------------------------------------
+    async def _request_headers(self, request: ext_proc.ProcessingRequest) -> ext_proc.ProcessingResponse:
+        self.headers = gie.header_map(request.request_headers)
+        try:
+            self.subset = gie.subset_hint(request)
+        except gie.BadSubsetHint as exc:
+            raise APIError(500, f"The proxy sent a malformed endpoint subset: {exc}.",
+                           "server_error", None, "bad_subset_hint") from None
+        self.path = self.headers.get(":path", "").split("?", 1)[0]
+        method = self.headers.get(":method", "")
+        self.key = await self.state.keys.user_token(bearer_token(self.headers.get("authorization", "")))
+        if self.path in ENDPOINTS and method == "POST":
+            if request.request_headers.end_of_stream:
+                raise bad_request("The request body is empty; send a JSON object.")
+            # A destination the client names itself is never used: only the picker's counts.
+            return gie.continue_headers("request_headers", remove=[gie.DESTINATION_HEADER])
+        if method == "GET" and self.path == "/v1/models":
+            listing = ModelList(data=[ModelCard.model_validate(c) for c in self.state.model_cards()])
+            return gie.immediate(200, listing.model_dump_json().encode())
+        if method == "GET" and self.path.startswith("/v1/models/"):
+            model = self.path.removeprefix("/v1/models/")
+            card = next((c for c in self.state.model_cards() if c["id"] == model), None)
+            if card is None:
+                raise model_not_found(model)
+            return gie.immediate(200, ModelCard.model_validate(card).model_dump_json().encode())
+        raise not_found(f"Unknown request URL: {method} {self.path}.")
+
+    async def _request_body(self, body: ext_proc.HttpBody) -> ext_proc.ProcessingResponse:
+        if not body.end_of_stream:
+            raise APIError(500, "The endpoint picker needs the whole request body "
+                                "(request_body_mode: BUFFERED).", "server_error", None,
+                           "picker_misconfigured")
+        routed = await admit(self.state, self.key, body.body, self.path, self.headers, self.started)
+        picked = await self._pick(routed)
+        endpoint = await self.endpoints.of(picked.replica.url)
+        changed = routed.body is not body.body and routed.body != body.body
+        headers = {"x-request-id": routed.request_id}
+        if changed:
+            headers["content-length"] = str(len(routed.body))
+        return gie.route_to(endpoint, headers, routed.body if changed else None)
+
+    async def _excluded(self, routed: RoutedRequest) -> set[str]:
+        """Replicas the policy may not pick: the gateway's exclusions, those outside the
+        proxy's subset hint, and those whose address cannot be found."""
+        state = self.state
+        excluded = _exclusions(state, routed.model, set(), routed.features)
+        for replica in state.serving(routed.model):
+            if replica.name in excluded:
+                continue
+            try:
+                endpoint = await self.endpoints.of(replica.url)
+            except UnresolvableReplica:
+                excluded.add(replica.name)
+                continue
+            if self.subset is not None and endpoint not in self.subset:
+                excluded.add(replica.name)
+        return excluded
+
+    async def _pick(self, routed: RoutedRequest) -> Picked:
+        state = self.state
+        t0 = time.perf_counter()
+        try:
+            decision = await state.shared.route_hashes(
+                routed.hashes, routed.prompt_tokens, routed.request_id,
+                exclude=await self._excluded(routed), priority=routed.priority)
+        except NoReplicaAvailable as exc:
+            state.stats.record_request(None, ok=False)
+            state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
+            raise service_unavailable(f"No replica can take this request now: {exc}.") from None
+        state.metrics.routing_latency.observe(time.perf_counter() - t0)
+        replica = state.replicas[decision.replica]
+        replica.breaker.on_dispatch()
+        record = _record(routed, decision, 1)
+        state.stats.record_decision(record)
+        state.priorities.record_request(routed.priority)
+        state.metrics.decisions.labels(decision.policy, decision.reason.split(":")[0]).inc()
+        self.picked = Picked(routed, replica, decision, record, _keep_lease(state, decision))
+        return self.picked
+
+    # -- response --------------------------------------------------------------------------
+    async def _response_headers(self, headers: ext_proc.HttpHeaders) -> ext_proc.ProcessingResponse:
+        picked = self.picked
+        if picked is None:
+            return gie.continue_headers("response_headers")
+        try:
+            picked.status = int(gie.header_map(headers).get(":status", "0"))
+        except ValueError:
+            picked.status = 502
+        if picked.status >= 500 and picked.status != 503:
+            _note_failure(self.state, picked.replica, picked.record, picked.status,
+                          f"{picked.replica.name} answered {picked.status}")
+        else:  # 503 is a refusal for load (the engine's Retry-After), not a broken replica
+            picked.replica.breaker.record_success()
+        if not self.response_body_seen or headers.end_of_stream:
+            await self._first_byte()
+        if headers.end_of_stream:
+            await self._finish()
+        return gie.continue_headers("response_headers", {REPLICA_HEADER: picked.replica.name})
+
+    async def _response_body(self, body: ext_proc.HttpBody) -> ext_proc.ProcessingResponse:
+        picked = self.picked
+        if picked is not None and not self.finished:
+            await self._first_byte()
+            if picked.routed.stream:
+                self._scanner.feed(body.body)
+            elif len(self._body) + len(body.body) <= MAX_USAGE_BODY_BYTES:
+                self._body += body.body
+            if body.end_of_stream:
+                await self._finish()
+        return gie.continue_body("response_body")
+
+    async def _first_byte(self) -> None:
+        picked = self.picked
+        if picked is None or picked.first_byte:
+            return
+        picked.first_byte = True
+        state, routed = self.state, picked.routed
+        ttft = time.perf_counter() - routed.started
+        picked.record.ttft_s = ttft
+        state.metrics.ttft.observe(ttft)
+        state.stats.record_ttft(ttft)
+        state.priorities.record_ttft(routed.priority, ttft)
+        await state.shared.first_token(picked.decision.request_id)
+
+    def _usage(self):  # noqa: ANN202 - gateway.upstream.Usage | None
+        if self.picked is None or self.picked.status != 200:
+            return None
+        if self.picked.routed.stream:
+            return self._scanner.usage
+        try:
+            return usage_of(json.loads(self._body)) if self._body else None
+        except ValueError:
+            return None
+
+    async def _finish(self) -> None:
+        """The response ended: count it, read its usage, release the booking (once)."""
+        picked = self.picked
+        if picked is None or self.finished:
+            return
+        self.finished = True
+        state = self.state
+        try:
+            _observe_usage(state, picked.replica, picked.record, self._usage())
+            _finish_request(state, picked.routed, picked.replica, picked.record,
+                            picked.status or CLIENT_CLOSED_REQUEST)
+        finally:
+            await _release(state, picked.decision, picked.lease)
+
+    async def close(self) -> None:
+        """The proxy closed the stream: the response ended, or the client or the replica went
+        away (then the request counts as 499 unless a status came back)."""
+        await self._finish()

@@ -1,0 +1,101 @@
+"""The endpoint-picker protocol of the Gateway API Inference Extension, over Envoy's ext_proc
+messages (xds-protos): the chosen endpoint as a header and as `envoy.lb` dynamic metadata, the
+proxy's subset hint, and errors as immediate responses in OpenAI's format."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.struct_pb2 import Struct
+
+from protocol.errors import APIError
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+DESTINATION_NAMESPACE = "envoy.lb"  # dynamic metadata the proxy's load balancer reads
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"  # filter metadata the proxy may send
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+OVERWRITE = HeaderValueOption.HeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+class BadSubsetHint(ValueError):
+    """The proxy's subset hint is not a list of addresses."""
+
+
+def header_map(headers: ext_proc.HttpHeaders) -> dict[str, str]:
+    """Lower-case name -> value (Envoy sends `raw_value`; older versions `value`)."""
+    return {h.key.lower(): h.raw_value.decode("latin-1") if h.raw_value else h.value
+            for h in headers.headers.headers}
+
+
+def subset_hint(request: ext_proc.ProcessingRequest) -> set[str] | None:
+    """The endpoints ("ip:port") the proxy allows for this request; None: no hint, any."""
+    namespaces = request.metadata_context.filter_metadata
+    if SUBSET_NAMESPACE not in namespaces:
+        return None
+    fields = namespaces[SUBSET_NAMESPACE].fields
+    if SUBSET_KEY not in fields:
+        return None
+    value = fields[SUBSET_KEY]
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":  # some proxies send "a:1,b:2"
+        return {part.strip() for part in value.string_value.split(",") if part.strip()}
+    if kind != "list_value":
+        raise BadSubsetHint(f"{SUBSET_KEY} must be a list of addresses")
+    if any(v.WhichOneof("kind") != "string_value" for v in value.list_value.values):
+        raise BadSubsetHint(f"{SUBSET_KEY} entries must be addresses")
+    return {v.string_value for v in value.list_value.values}
+
+
+def _mutation(set_headers: dict[str, str], remove: Iterable[str] = ()) -> ext_proc.HeaderMutation:
+    return ext_proc.HeaderMutation(
+        set_headers=[HeaderValueOption(header=HeaderValue(key=k, raw_value=v.encode()),
+                                       append_action=OVERWRITE)
+                     for k, v in set_headers.items()],
+        remove_headers=list(remove))
+
+
+def destination_metadata(endpoint: str) -> Struct:
+    metadata = Struct()
+    metadata.update({DESTINATION_NAMESPACE: {DESTINATION_HEADER: endpoint}})
+    return metadata
+
+
+def route_to(endpoint: str, headers: dict[str, str], body: bytes | None) -> ext_proc.ProcessingResponse:
+    """The answer to the buffered request body: the endpoint in both places GIE asks for, the
+    headers the request gains, and the body when admission changed it."""
+    common = ext_proc.CommonResponse(
+        header_mutation=_mutation({DESTINATION_HEADER: endpoint, **headers}),
+        clear_route_cache=True)  # the route that needs the header is chosen after this answer
+    if body is not None:
+        common.body_mutation.body = body
+    return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(response=common),
+                                       dynamic_metadata=destination_metadata(endpoint))
+
+
+def continue_headers(phase: str, set_headers: dict[str, str] | None = None,
+                     remove: Iterable[str] = ()) -> ext_proc.ProcessingResponse:
+    """Go on with the request ("request_headers") or response ("response_headers")."""
+    common = ext_proc.CommonResponse(header_mutation=_mutation(set_headers or {}, remove))
+    return ext_proc.ProcessingResponse(**{phase: ext_proc.HeadersResponse(response=common)})
+
+
+def continue_body(phase: str) -> ext_proc.ProcessingResponse:
+    """Let the body chunk pass unchanged ("request_body" or "response_body")."""
+    return ext_proc.ProcessingResponse(**{phase: ext_proc.BodyResponse()})
+
+
+def immediate(status: int, body: bytes, headers: dict[str, str] | None = None,
+              details: str = "") -> ext_proc.ProcessingResponse:
+    """Answer the client from here; the request reaches no replica."""
+    return ext_proc.ProcessingResponse(immediate_response=ext_proc.ImmediateResponse(
+        status=HttpStatus(code=status), body=body, details=details,
+        headers=_mutation({"content-type": "application/json", **(headers or {})})))
+
+
+def error_response(error: APIError) -> ext_proc.ProcessingResponse:
+    """An APIError as the client would get it from the gateway: OpenAI's error object."""
+    return immediate(error.status_code, error.to_response().model_dump_json().encode(),
+                     dict(error.headers or {}), details=error.code or error.type)

@@ -1,0 +1,151 @@
+"""The Envoy bootstrap that puts kvgate's routing in front of replicas: a listener whose ext_proc
+filter asks `kvgate picker`, then an ORIGINAL_DST cluster that connects where the picker's
+`x-gateway-destination-endpoint` header says. With `failure_mode_allow` a request the picker
+cannot answer (down, slow) goes to a least-request cluster of the same replicas (fail open);
+without it the client gets 503 (fail closed), as the Gateway API Inference Extension defines.
+
+    python -m kvgate.launcher.envoy --picker 127.0.0.1:9002 --replica http://127.0.0.1:8001 … > envoy.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import yaml
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"  # as gateway.picker.gie (no gateway import here)
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+FAIL_CLOSED_BODY = ('{"error":{"message":"The endpoint picker chose no replica for this request.",'
+                    '"type":"server_error","param":null,"code":"no_endpoint_picked"}}')
+HTTP_FILTERS = "type.googleapis.com/envoy.extensions.filters.http"
+
+
+@dataclass(slots=True)
+class EnvoySettings:
+    picker: str = "127.0.0.1:9002"  # the ext_proc service, host:port
+    replicas: list[str] = field(default_factory=list)  # base URLs, for the fail-open cluster
+    host: str = "127.0.0.1"
+    port: int = 10000  # the OpenAI listener
+    admin_port: int = 9901
+    failure_mode_allow: bool = False  # picker down: True routes by least request, False: 503
+    message_timeout_s: float = 5.0  # the longest Envoy waits for one picker answer
+    response_body: str = "STREAMED"  # NONE keeps the picker out of the response bytes (no usage)
+    max_body_bytes: int = 8 * 1024 * 1024  # as the gateway's; larger bodies get 413
+
+
+def _address(host: str, port: int) -> dict:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _split(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _static_cluster(name: str, endpoints: list[tuple[str, int]], http2: bool = False) -> dict:
+    cluster = {"name": name, "type": "STATIC", "connect_timeout": "2s",
+               "lb_policy": "LEAST_REQUEST",
+               "per_connection_buffer_limit_bytes": 1 << 20,
+               "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+                   {"endpoint": {"address": _address(h, p)}} for h, p in endpoints]}]}}
+    if http2:
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}}
+    return cluster
+
+
+def _ext_proc(s: EnvoySettings) -> dict:
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": {
+        "@type": f"{HTTP_FILTERS}.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {"envoy_grpc": {"cluster_name": "kvgate_picker"},
+                         "timeout": f"{s.message_timeout_s:g}s"},
+        "failure_mode_allow": s.failure_mode_allow,
+        "status_on_error": {"code": 503},  # fail closed: the picker is unavailable, not broken
+        "message_timeout": f"{s.message_timeout_s:g}s",
+        "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
+                            "request_trailer_mode": "SKIP", "response_header_mode": "SEND",
+                            "response_body_mode": s.response_body,
+                            "response_trailer_mode": "SKIP"},
+        # the subset of endpoints a GIE gateway allows, when it sets one
+        "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}}}}
+
+
+def _routes(s: EnvoySettings) -> list[dict]:
+    picked = {"match": {"prefix": "/", "headers": [{"name": DESTINATION_HEADER, "present_match": True}]},
+              "route": {"cluster": "kvgate_picked", "timeout": "0s"}}
+    if s.failure_mode_allow:
+        unpicked = {"match": {"prefix": "/"}, "route": {
+            "cluster": "kvgate_pool", "timeout": "0s",
+            # no picker means no health checks either: a dead replica is passed over on connect
+            "retry_policy": {"retry_on": "connect-failure,reset-before-request", "num_retries": 2}}}
+    else:
+        unpicked = {"match": {"prefix": "/"}, "direct_response": {
+            "status": 503, "body": {"inline_string": FAIL_CLOSED_BODY}},
+            "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}]}
+    return [picked, unpicked]
+
+
+def bootstrap(s: EnvoySettings) -> dict:
+    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+           "stat_prefix": "kvgate", "codec_type": "AUTO",
+           "stream_idle_timeout": "600s",  # as the gateway's read timeout: long prefills are silent
+           "route_config": {"name": "openai", "virtual_hosts": [
+               {"name": "openai", "domains": ["*"], "routes": _routes(s)}]},
+           "http_filters": [
+               # a destination the client sends itself is dropped before the picker sets one
+               {"name": "envoy.filters.http.header_mutation", "typed_config": {
+                   "@type": f"{HTTP_FILTERS}.header_mutation.v3.HeaderMutation",
+                   "mutations": {"request_mutations": [{"remove": DESTINATION_HEADER}]}}},
+               _ext_proc(s),
+               {"name": "envoy.filters.http.router",
+                "typed_config": {"@type": f"{HTTP_FILTERS}.router.v3.Router"}}]}
+    clusters = [
+        _static_cluster("kvgate_picker", [_split(s.picker)], http2=True),
+        {"name": "kvgate_picked", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+         "connect_timeout": "2s",
+         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER}}]
+    if s.failure_mode_allow:
+        pool = [(u.hostname, u.port or 80) for u in map(urlsplit, s.replicas)]
+        if not pool:
+            raise ValueError("failure_mode_allow needs the replicas (the fail-open cluster)")
+        clusters.append(_static_cluster("kvgate_pool", pool))
+    return {"admin": {"address": _address("127.0.0.1", s.admin_port)},
+            "static_resources": {
+                "listeners": [{"name": "openai", "address": _address(s.host, s.port),
+                               "per_connection_buffer_limit_bytes": s.max_body_bytes,
+                               "filter_chains": [{"filters": [{
+                                   "name": "envoy.filters.network.http_connection_manager",
+                                   "typed_config": hcm}]}]}],
+                "clusters": clusters}}
+
+
+def render(s: EnvoySettings) -> str:
+    return yaml.safe_dump(bootstrap(s), sort_keys=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvgate.launcher.envoy",
+                                description="print an Envoy bootstrap with kvgate's endpoint picker")
+    p.add_argument("--picker", default="127.0.0.1:9002", help="the picker's ext_proc host:port")
+    p.add_argument("--replica", action="append", default=[], metavar="URL")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=10000)
+    p.add_argument("--admin-port", type=int, default=9901)
+    p.add_argument("--failure-mode-allow", action="store_true",
+                   help="picker down: route by least request over the replicas (default: 503)")
+    p.add_argument("--response-body", default="STREAMED", choices=["STREAMED", "NONE"],
+                   help="NONE: the picker sees no response bytes (no usage on its dashboard)")
+    a = p.parse_args(argv)
+    sys.stdout.write(render(EnvoySettings(a.picker, a.replica, a.host, a.port, a.admin_port,
+                                          a.failure_mode_allow, response_body=a.response_body)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
