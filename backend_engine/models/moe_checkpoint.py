@@ -43,13 +43,15 @@ def canonical_experts(weights: dict[str, Any], prefix: str, num_experts: int, hi
                       inter: int, names: ExpertNames) -> None:
     """Rename (and unstack) one layer's router and experts in place; `prefix` names the layer."""
     out = prefix + "mlp."
-    stacked = out + "experts.gate_up_proj"
+    gate_up_name, down_name = out + "experts.gate_up_proj", out + "experts.down_proj"
+    stacked = gate_up_name in weights or down_name in weights
     block = prefix + names.block + "."
-    router = out + "gate.weight" if out + "gate.weight" in weights else block + "gate.weight"
-    weights[out + "gate.weight"] = _take(weights, router, (num_experts, hidden))
-    if stacked in weights or out + "experts.down_proj" in weights:
-        gate_up = _take(weights, stacked, (num_experts, 2 * inter, hidden))
-        down = _take(weights, out + "experts.down_proj", (num_experts, hidden, inter))
+    # the router: under the stacked layout's name, else under either per-expert one
+    router = out if stacked or out + "gate.weight" in weights else block
+    weights[out + "gate.weight"] = _take(weights, router + "gate.weight", (num_experts, hidden))
+    if stacked:
+        gate_up = _take(weights, gate_up_name, (num_experts, 2 * inter, hidden))
+        down = _take(weights, down_name, (num_experts, hidden, inter))
         for e in range(num_experts):
             parts = (gate_up[e, :inter], gate_up[e, inter:], down[e])
             for proj, part in zip(PROJECTIONS, parts):
