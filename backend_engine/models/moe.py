@@ -80,6 +80,7 @@ class SparseMoE:
         return grouped_experts(x, top_weights, top_experts, self.experts, linear)
 
     def linear_weights(self) -> list:
+        """Every expert's gate/up and down weights, expert by expert."""
         return [w for pair in self.experts for w in pair]
 
 
@@ -131,6 +132,7 @@ class MoEModel(LlamaModel):
 
     @staticmethod
     def make_router(config) -> Router:
+        """The family's router (mixtral.py, qwen3_moe.py)."""
         raise NotImplementedError
 
     @classmethod
