@@ -44,7 +44,7 @@ class EngineConfig:
         None, "the id clients use, and the namespace of the block hashes (default: the "
         "model's name)", via="`--served-model-name` (its first name)")
     dtype: str = setting("auto", "weights', activations' and KV cache's dtype; auto: float32 on "
-                         "every CPU (bf16 GEMMs there make a row's bits depend on its batch), "
+                         "every CPU (in bf16 there greedy tokens change with the batch), "
                          "bfloat16 on CUDA with bf16, else float16",
                          choices=DTYPES)
     quantization: str | None = setting(

@@ -2,14 +2,13 @@
 engine's guarantees.
 
 On CUDA: bfloat16 where the GPU computes it natively (Ampere and later), else float16. On every
-CPU: float32. A bf16 GEMM on CPU (oneDNN) picks its kernel, and so its order of summation, by the
-shape of the product, so a row's bits would depend on how many rows share its step: a sequence's
-greedy tokens would change with its batch, its chunking and its prefix-cache hits, and two
-replicas on different CPUs would answer differently (tests/backend_engine/test_equivalence.py).
-In float32 every CPU class gives a row the same bits wherever it sits. `--dtype bfloat16` on a
-CPU with AVX512-BF16 or AMX-BF16 is faster and halves the KV cache, without those guarantees.
-The quantised forms still multiply in bf16 where the CPU computes it natively, over fixed row
-tiles that keep them (accel/cpu/tiles.py)."""
+CPU: float32. A CPU GEMM picks its kernel, and so its order of summation, by the shape of the
+product, so a row's last bits depend on how many rows share its step; in bf16 (8 bits of
+mantissa, on CPUs with AVX512-BF16 or AMX) that was enough to change a sequence's greedy tokens
+with its batch, its chunking and its prefix-cache hits (tests/backend_engine/test_equivalence.py),
+in float32 it is not. `--dtype bfloat16` there is faster and halves the KV cache, without that
+guarantee. The quantised forms still multiply in bf16 where the CPU computes it natively, over
+fixed row tiles that give a row the same bits wherever it sits (accel/cpu/tiles.py)."""
 
 from __future__ import annotations
 

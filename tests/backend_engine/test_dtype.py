@@ -1,5 +1,5 @@
-"""`--dtype auto` is float32 on every CPU, whatever its flags (bf16 GEMMs there give a row bits
-that depend on its batch), decided when the engine starts (as is the device's ITL target)."""
+"""`--dtype auto` is float32 on every CPU, whatever its flags (in bf16 there a sequence's greedy
+tokens change with its batch), decided when the engine starts (as is the device's ITL target)."""
 
 from backend_engine.dtype import cpu_has_native_bf16, resolve_dtype
 

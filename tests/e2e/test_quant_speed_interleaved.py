@@ -50,8 +50,8 @@ async def _fake(name: str, log: list):
 
 def test_servers_take_turns(monkeypatch):
     monkeypatch.setattr(quant_speed, "prompt_texts",
-                        lambda count, tokens, offset=0, model="default": [f"p{offset + i} " + "w " * (tokens // 10)
-                                                         for i in range(count)])
+                        lambda count, tokens, offset=0, model="default":
+                        [f"p{offset + i} " + "w " * (tokens // 10) for i in range(count)])
     args = argparse.Namespace(c1_requests=4, concurrency=3, prefill_requests=2, max_tokens=TOKENS,
                               model="default")
     log: list = []
