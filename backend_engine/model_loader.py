@@ -66,6 +66,17 @@ TINY_CONFIGS: dict[str, dict] = {
                                                           "rope_theta": 10000.0}},
                    max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
                    pad_token_id=0, random_norms=True, norm_center=0.0),  # norms scale by 1 + w
+    # 8 experts of width 32, top 2 renormalised; layer 1 dense (mlp_only_layers)
+    "qwen3_moe": dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128,
+                      moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                      norm_topk_prob=True, mlp_only_layers=[1], num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                      max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                      rope_theta=1000000.0, random_norms=True),
+    "mixtral": dict(model_type="mixtral", hidden_size=64, intermediate_size=64,
+                    num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                    rms_norm_eps=1e-5, tie_word_embeddings=False, rope_theta=1000000.0),
 }
 
 
@@ -256,7 +267,7 @@ def _tiny_folder(arch: str) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger than the default init so logits are not all near-uniform
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # stacked experts are [E, N, K]
                 p.normal_(0.0, 0.2)
             elif random_norms:  # norms of ones would leave a family's own norms untested
                 p.normal_(norm_center, 0.2)

@@ -177,6 +177,7 @@ NOT_HEADLINED = {
     "prefix_advice": "the cost of the gateway's prefix-stability check (gateway page)",
     "decode_attention": "decode attention forms against each other (engine page)",
     "mixed_step": "one mixed step against its matmuls (engine page)",
+    "moe_experts": "one MoE layer's expert forms against each other (engine page)",
     "quant_prompt_rows": "prompt-row forms of quantised weights, per layer (quantisation page)",
     "kv_transfer_transport": "which library carries KV blocks (P/D page)",
     "decode_bandwidth": "a stage of gpu_check",

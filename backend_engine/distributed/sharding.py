@@ -1,6 +1,8 @@
 """Megatron-style sharding of a Llama-family state dict: q/k/v and gate/up split by output rows
 (column-parallel), o and down by input columns (row-parallel, summed by one all-reduce each),
-embedding and lm_head by vocabulary rows. Weights are sharded in full precision before they
+embedding and lm_head by vocabulary rows. Each expert of a mixture of experts
+(`mlp.experts.N.*`, models/moe_checkpoint.py) is split like a dense MLP, over its own width; the
+router is replicated. Weights are sharded in full precision before they
 reach the model, so any later transform of a weight (quantisation) applies to the shard."""
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ def _size_problem(config, size: int) -> str | None:
                 f"(the size must be a multiple of {kv_heads})")
     if config.intermediate_size % size:
         return f"the MLP width {config.intermediate_size} does not split evenly across {size} ranks"
+    experts = getattr(config, "moe_intermediate_size", None)
+    if experts and experts % size:
+        return f"the experts' width {experts} does not split evenly across {size} ranks"
     return None
 
 
@@ -116,6 +121,12 @@ def shard_tensor(name: str, tensor: torch.Tensor, layout: ShardLayout) -> torch.
         return _rows(tensor, *kv_rows)
     if name.endswith("o_proj.weight"):
         return _columns(tensor, *q_rows)
+    if ".experts." in name:  # an expert's own width, whatever the dense MLP's
+        if name.endswith("down_proj.weight"):
+            width = tensor.shape[1] // layout.size
+            return _columns(tensor, layout.rank * width, width)
+        width = tensor.shape[0] // layout.size
+        return _rows(tensor, layout.rank * width, width)
     if name.endswith(("gate_proj.weight", "up_proj.weight")):
         return _rows(tensor, layout.rank * i, i)
     if name.endswith("down_proj.weight"):

@@ -62,5 +62,10 @@ def output_half(attn: torch.Tensor, residual: torch.Tensor, o_weight, norm: torc
     """Attention's output [T, H, D] and the layer's input → the layer's output."""
     hidden = residual + all_reduce(linear(attn.reshape(attn.shape[0], -1), o_weight))
     x = rms_norm(hidden, norm, eps)
+    return hidden + all_reduce(silu_mlp(x, gate_up_weight, down_weight, linear))
+
+
+def silu_mlp(x: torch.Tensor, gate_up_weight, down_weight, linear: Linear) -> torch.Tensor:
+    """The SiLU-gated MLP: down(silu(gate(x)) * up(x)), gate and up fused in one weight."""
     gate, up = linear(x, gate_up_weight).chunk(2, dim=-1)
-    return hidden + all_reduce(linear(F.silu(gate) * up, down_weight))
+    return linear(F.silu(gate) * up, down_weight)

@@ -65,10 +65,14 @@ class DecoderLayer:
                          if all(k in weights for k in bias_keys) else None)
         self.qk_norm = self.head_norms(w, prep)
         self.o_weight = fused(attn + "o_proj.weight")
-        self.gate_up_weight = fused("mlp.gate_proj.weight", "mlp.up_proj.weight")
-        self.down_weight = fused("mlp.down_proj.weight")
+        self.init_mlp(w, fused, prep)
         self.input_norm = prep.dense(w("input_layernorm.weight"))
         self.post_attn_norm = prep.dense(w("post_attention_layernorm.weight"))
+
+    def init_mlp(self, w, fused, prep: WeightPrep) -> None:
+        """The MLP's weights: gate/up fused, and down (moe.py puts experts here)."""
+        self.gate_up_weight = fused("mlp.gate_proj.weight", "mlp.up_proj.weight")
+        self.down_weight = fused("mlp.down_proj.weight")
 
     def head_norms(self, w, prep: WeightPrep) -> torch.Tensor | None:
         """The q and k heads' norms ([2, head_dim]); Llama has none (qwen3.py does)."""
@@ -85,15 +89,21 @@ class DecoderLayer:
 
     def __call__(self, hidden, cos, sin, k_cache, v_cache, meta: AttentionMetadata,
                  linear: Linear):
+        attn = self.attend(hidden, cos, sin, k_cache, v_cache, meta, linear)
+        m = self.model
+        return output_half(attn, hidden, self.o_weight, self.post_attn_norm,
+                           self.gate_up_weight, self.down_weight, m.eps, linear,
+                           m.tp.all_reduce)
+
+    def attend(self, hidden, cos, sin, k_cache, v_cache, meta: AttentionMetadata,
+               linear: Linear) -> torch.Tensor:
+        """The input half, the K/V store and attention: [T, H, D], before the o projection."""
         m = self.model
         q, k, v = input_half(hidden, self.input_norm, self.qkv_weight, self.qkv_bias,
                              self.qk_norm, cos, sin, m.eps, m.num_heads, m.num_kv_heads,
                              m.head_dim, linear)
         m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale)
-        return output_half(attn, hidden, self.o_weight, self.post_attn_norm,
-                           self.gate_up_weight, self.down_weight, m.eps, linear,
-                           m.tp.all_reduce)
+        return m.attention.forward(q, k_cache, v_cache, meta, m.scale)
 
 
 class LlamaModel:

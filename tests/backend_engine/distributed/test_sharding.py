@@ -106,3 +106,29 @@ def test_vocabulary_rows_are_split_with_the_last_slice_padded():
     assert torch.count_nonzero(parts[1][50:]) == 0
     norm = "model.layers.0.input_layernorm.weight"
     assert all(torch.equal(s[norm], layer_weights(cfg)[norm]) for s in shards(cfg, 2))
+
+
+def test_each_expert_is_split_over_its_own_width_and_the_router_replicated():
+    cfg = SimpleNamespace(**vars(config(intermediate=48)), moe_intermediate_size=16)
+    torch.manual_seed(0)
+    e = "model.layers.0.mlp.experts.3."
+    router = "model.layers.0.mlp.gate.weight"
+    full = {e + "gate_proj.weight": torch.randn(16, 32), e + "up_proj.weight": torch.randn(16, 32),
+            e + "down_proj.weight": torch.randn(32, 16), router: torch.randn(8, 32)}
+    parts = [shard_state_dict(dict(full), shard_layout(cfg, rank, 2)) for rank in range(2)]
+    assert [tuple(p[e + "down_proj.weight"].shape) for p in parts] == [(32, 8)] * 2
+    assert all(torch.equal(p[router], full[router]) for p in parts)
+
+    def mlp(w, x):
+        gate, up, down = (w[e + f"{n}_proj.weight"] for n in ("gate", "up", "down"))
+        return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(sum(mlp(p, x) for p in parts), mlp(full, x),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_an_expert_width_the_ranks_do_not_divide_is_refused():
+    cfg = SimpleNamespace(**vars(config(intermediate=48)), moe_intermediate_size=50)
+    with pytest.raises(ModelLoadError, match="experts' width 50 does not split evenly across 4"):
+        check_tensor_parallel_size(cfg, 4)

@@ -33,6 +33,9 @@ SETTINGS = {  # in test order, so each engine starts once
     "tiny-random-qwen3": dict(num_kv_blocks=64),  # q/k head norms, replicated on both ranks
     "tiny-random-phi3": dict(num_kv_blocks=64),  # fused qkv and gate/up, split before sharding
     "tiny-random-gemma3": dict(num_kv_blocks=64),  # sandwich norms replicated, a sliding window
+    # every expert split over its own width, the router replicated; a dense layer beside
+    "tiny-random-qwen3_moe": dict(num_kv_blocks=64),
+    "tiny-random-mixtral": dict(num_kv_blocks=64),
     "default": dict(num_kv_blocks=64, quantization="none"),  # as default_llm, compared with it
 }
 
