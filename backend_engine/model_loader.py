@@ -213,6 +213,7 @@ def _gguf_meta_folder(gguf: Path) -> Path:
     """Config, generation config and tokenizer of a GGUF, without weights."""
     target = cache_root() / "models" / f"{gguf.stem}-{_file_digest(gguf)}-meta-{_CACHE_FORMAT}"
     if (target / "config.json").is_file():
+        _record_source(target, gguf)
         return target
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
@@ -234,6 +235,19 @@ def _gguf_meta_folder(gguf: Path) -> Path:
     (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf), "weights": "gguf"}))
     _publish(tmp, target)
     return target
+
+
+def _record_source(folder: Path, gguf: Path) -> None:
+    """Point a cached weightless folder at `gguf`: the folder is keyed by the file's content, so
+    the same file found elsewhere (another checkout, a rebuilt venv) takes it over."""
+    source = folder / SOURCE_FILE
+    record = json.dumps({"gguf": str(gguf), "weights": "gguf"})
+    if source.is_file() and source.read_text() == record:
+        return
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".source-")
+    with os.fdopen(fd, "w") as f:
+        f.write(record)
+    os.replace(tmp, source)  # atomic: a replica starting beside this one reads old or new
 
 
 def gguf_source(folder: Path) -> Path | None:

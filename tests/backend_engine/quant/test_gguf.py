@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from backend_engine.errors import ModelLoadError
-from backend_engine.model_loader import default_gguf_path, load_state_dict, resolve_model
+from backend_engine.model_loader import default_gguf_path, gguf_source, load_state_dict, resolve_model
 from backend_engine.quant.formats import Int4Weight, Int8Weight
 from backend_engine.quant.gguf import _decode, load_gguf_weights
 
@@ -103,3 +103,19 @@ def test_an_unsupported_tensor_type_is_refused_naming_the_tensor(tmp_path):
     path = _with_type(tmp_path, "blk.3.attn_v.weight", "IQ4_NL")  # same-size blocks as Q4_0
     with pytest.raises(ModelLoadError, match=r"blk\.3\.attn_v\.weight.*IQ4_NL.*supported: F32"):
         load_gguf_weights(path, "int4", num_heads=9, num_kv_heads=3)
+
+
+def test_a_cached_gguf_folder_follows_the_file_to_where_it_is_now(tmp_path, monkeypatch):
+    """The weightless folder is keyed by the file's content: the same GGUF under another path
+    (another checkout, a rebuilt venv) reuses it and the weights are read from the new path."""
+    monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path / "cache"))
+    first, second = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
+    for link in (first, second):
+        link.parent.mkdir()
+        link.symlink_to(default_gguf_path())
+    folder = resolve_model(str(first), "int4").folder
+    assert gguf_source(folder) == first
+    first.unlink()
+    assert resolve_model(str(second), "int4").folder == folder
+    assert gguf_source(folder) == second
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
