@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backend_engine.dtype import CPU_BF16_FLAGS
+from backend_engine.dtype import resolve_dtype
 
 SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 LLAMACPP = "llama.cpp `llama-server` (the GGUF's Q4_1 weights as stored, {slots} slots)"
@@ -36,13 +36,9 @@ def args(doc: dict) -> dict:
     return doc["results"].get("args") or {}
 
 
-def engine_dtype(requested: str | None, machine: dict) -> str:
-    """The dtype a CPU replica computes in: `auto` resolves as backend_engine.dtype does, from the
-    recorded CPU flags."""
-    if requested in (None, "auto"):
-        native = any(flag in machine.get("cpu_flags", []) for flag in CPU_BF16_FLAGS)
-        requested = "bfloat16" if native else "float32"
-    return SHORT_DTYPE.get(requested, requested)
+def engine_dtype(requested: str | None) -> str:
+    """The dtype a CPU replica computes in: `auto` resolves as backend_engine.dtype does."""
+    return SHORT_DTYPE.get(resolved := resolve_dtype(requested or "auto", "cpu"), resolved)
 
 
 def kvgate_weights(quantization: str | None, dtype: str) -> str:
@@ -54,7 +50,7 @@ def trace_load(doc: dict) -> str:
     quant = engine.get("quantization")
     if quant is None and a.get("model", "default") == "default":
         quant = "int4"  # the default GGUF (Q4_1) is served as stored
-    dtype = engine_dtype(engine.get("dtype"), doc["machine"])
+    dtype = engine_dtype(engine.get("dtype"))
     split = "".join(f", {v} {k}" for k, v in (("replicas", a.get("replicas")),
                                               ("threads each", a.get("threads"))) if v)
     sides = (f"a burst of {a.get('rows')} Mooncake-trace chats ({a.get('speedup')}x speed), same cores: "
