@@ -38,7 +38,8 @@ def args(doc: dict) -> dict:
 
 def engine_dtype(requested: str | None) -> str:
     """The dtype a CPU replica computes in: `auto` resolves as backend_engine.dtype does."""
-    return SHORT_DTYPE.get(resolved := resolve_dtype(requested or "auto", "cpu"), resolved)
+    resolved = resolve_dtype(requested or "auto", "cpu")
+    return SHORT_DTYPE.get(resolved, resolved)
 
 
 def kvgate_weights(quantization: str | None, dtype: str) -> str:

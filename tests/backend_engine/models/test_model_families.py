@@ -56,15 +56,21 @@ def test_only_a_family_without_sliding_window_layers_is_capped_at_its_window():
                                               max_position_embeddings=4096)) == 4096
 
 
-def test_a_checkpoint_with_an_unimplemented_field_loads_nothing(tmp_path):
-    folder = resolve_model("tiny-random-qwen3").folder
+def edited_config(tmp_path, model: str, **fields) -> str:
+    """A copy of a tiny model's folder whose config.json has `fields` set."""
+    folder = resolve_model(model).folder
     for f in folder.iterdir():
-        (tmp_path / f.name).symlink_to(f)
+        if f.name != "config.json":
+            (tmp_path / f.name).symlink_to(f)
     config = json.loads((folder / "config.json").read_text())
-    (tmp_path / "config.json").unlink()
-    (tmp_path / "config.json").write_text(json.dumps({**config, "use_sliding_window": True}))
+    (tmp_path / "config.json").write_text(json.dumps({**config, **fields}))
+    return str(tmp_path)
+
+
+def test_a_checkpoint_with_an_unimplemented_field_loads_nothing(tmp_path):
+    folder = edited_config(tmp_path, "tiny-random-qwen3", use_sliding_window=True)
     with pytest.raises(ModelLoadError, match="use_sliding_window=True is not implemented"):
-        LLM(str(tmp_path), enforce_eager=True)
+        LLM(folder, enforce_eager=True)
 
 
 def edited_checkpoint(tmp_path, model: str, edit) -> str:
@@ -165,12 +171,7 @@ def test_a_missing_per_expert_weight_is_named(tmp_path):
 
 
 def test_more_experts_per_token_than_experts_is_refused(tmp_path):
-    folder = resolve_model("tiny-random-mixtral").folder
-    for f in folder.iterdir():
-        (tmp_path / f.name).symlink_to(f)
-    config = json.loads((folder / "config.json").read_text())
-    (tmp_path / "config.json").unlink()
-    (tmp_path / "config.json").write_text(json.dumps({**config, "num_experts_per_tok": 5}))
+    folder = edited_config(tmp_path, "tiny-random-mixtral", num_experts_per_tok=5)
     with pytest.raises(ModelLoadError, match="num_experts_per_tok=5 must be between 1 and "
                                              "num_experts=4"):
-        LLM(str(tmp_path), enforce_eager=True)
+        LLM(folder, enforce_eager=True)
