@@ -104,7 +104,10 @@ ROWS: tuple[Row, ...] = (
         ("hit rate {hit_vs_upper} of the bound", "×{hit_vs_round_robin} round robin's",
          "TTFT p50 ×{ttft_p50_vs_round_robin}", "busy max/mean {load_max_over_mean}",
          "4 gateways sharing state vs 1: hit ×{hit_4gw_over_1gw}",
-         "no reuse: TTFT p50 ×{noreuse_ttft_vs_least_load} least load's")),
+         "no reuse: TTFT p50 ×{noreuse_ttft_vs_least_load} least load's",
+         "short-prefix sessions, approximate index, 2 gateways without shared state: hit "
+         "{hints_hit_approx_2gw} with routing hints vs {no_hints_hit_approx_2gw} without "
+         "(exact index: {hints_hit_exact} vs {no_hints_hit_exact})")),
     Row("routing_sim", "{args[replicas]} simulated replicas publishing vLLM-format ZMQ KV events vs kvgate's "
         "own events (prefix_cost policy); no events at all (the approximate index) beside",
         ("hit rate ×{zmq_hit_vs_native} native events'", "approximate index ×{approximate_hit_vs_native}",

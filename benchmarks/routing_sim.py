@@ -13,7 +13,7 @@ import argparse
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchmarks import results_file
@@ -61,6 +61,36 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
     else:
         print(f"(e) skipped: trace not found at {trace}")
     return out
+
+
+def hint_runs(args: argparse.Namespace) -> dict:
+    """(h) many short-prefix chat sessions (a first turn shorter than a block, no system prompt):
+    prefix_cost with the clients' session keys (x-session-id / prompt_cache_key) and without,
+    under exact events at one gateway, and with the approximate index (replicas publishing no
+    events) at two gateways that share no state - where each gateway has seen only the turns it
+    routed itself."""
+    requests = wl.multi_turn(random.Random(args.seed + 7), args.requests, args.rate, args.block_size,
+                             turns=8, first_tokens=10, turn_tokens=24)
+    bare = [replace(r, session=None) for r in requests]
+    print(f"\n(h) routing hints: {len(requests)} requests of short-prefix chat sessions, "
+          "prefix_cost with and without the session key")
+    print(f"{'index':<22}{'gw':>3}{'hints':>7}{'hit':>8}{'ttft p50':>10}{'ttft p99':>10}")
+    out = {}
+    for label, feed, gateways in (("exact (events)", "native", 1), ("approximate", "none", 2)):
+        for hinted, reqs in (("yes", requests), ("no", bare)):
+            r = simulate(reqs, "prefix_cost", args.replicas, 1024, args.block_size,
+                         gateways=gateways, shared=False, seed=args.seed, feed=feed)
+            out[(feed, hinted)] = r
+            print(f"{label:<22}{gateways:>3}{hinted:>7}{r.hit_rate:>8.3f}"
+                  f"{r.ttft_p50 * 1000:>8.0f}ms{r.ttft_p99 * 1000:>8.0f}ms")
+    summary = {}
+    for feed, tag in (("native", "exact"), ("none", "approx_2gw")):
+        yes, no = out[(feed, "yes")], out[(feed, "no")]
+        summary[f"hints_hit_{tag}"] = round(yes.hit_rate, 3)
+        summary[f"no_hints_hit_{tag}"] = round(no.hit_rate, 3)
+        summary[f"hints_ttft_p50_ratio_{tag}"] = round(yes.ttft_p50 / no.ttft_p50, 3)
+        summary[f"hints_ttft_p99_ratio_{tag}"] = round(yes.ttft_p99 / no.ttft_p99, 3)
+    return summary
 
 
 def foreign_workloads(args: argparse.Namespace) -> list[Workload]:
@@ -176,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ttft_p50_vs_round_robin": round(kv.ttft_p50 / rr.ttft_p50, 3),
         "hit_4gw_over_1gw": round(one(res_a, "prefix_cost", 4, True).hit_rate / kv.hit_rate, 3),
         "noreuse_ttft_vs_least_load": round(kv_d.ttft_p50 / ll_d.ttft_p50, 3),
+        **hint_runs(args),
     }
     print(f"\nelapsed {time.perf_counter() - started:.1f}s")
     print(json.dumps(summary))

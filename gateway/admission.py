@@ -105,6 +105,19 @@ def _advise(state: GatewayState, key: ApiKey | None, model: str, tokens: list[in
         state.metrics.prefix_advice.record(found)
 
 
+SESSION_HEADER = "x-session-id"
+
+
+def routing_hint(req: ChatCompletionRequest | CompletionRequest | ResponsesRequest,
+                 headers: Mapping[str, str], namespace: str) -> str | None:
+    """The client's statement of which requests share a prefix: the session header, else
+    OpenAI's `prompt_cache_key`, else `user`. Scoped by the prompt's namespace (model and
+    tenant salt), so equal keys of two tenants or models need not share a home."""
+    hint = (headers.get(SESSION_HEADER) or getattr(req, "prompt_cache_key", None)
+            or req.user)
+    return f"{namespace}\x00{hint}" if hint else None
+
+
 async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
                 headers: Mapping[str, str], started: float | None = None) -> RoutedRequest:
     """The request as routing sees it; raises APIError (400, 404, 429, 503) before any replica
@@ -142,9 +155,10 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
     await _check_rate(state, key, len(tokens) + max_out * (req.n or 1))
     _advise(state, key, req.model, tokens, salt)
     namespace_model = serving[0].namespace_model or req.model
-    hashes = block_hashes(tokens, namespace_for(namespace_model, salt), state.router.block_size)
+    namespace = namespace_for(namespace_model, salt)
+    hashes = block_hashes(tokens, namespace, state.router.block_size)
     request_id = req.request_id or headers.get("x-request-id") or uuid.uuid4().hex
     return RoutedRequest(request_id, endpoint, path, body, forwarded_headers(headers),
                          req.model, bool(req.stream), hashes, len(tokens), started, priority,
                          single_prompt=not isinstance(req, CompletionRequest) or len(req.prompts()) == 1,
-                         features=features)
+                         features=features, session_key=routing_hint(req, headers, namespace))

@@ -43,6 +43,7 @@ class RoutedRequest:
     priority: int = 0  # effective: the request's, else its key's default
     single_prompt: bool = True  # False: a completions request with several prompts (no P/D)
     features: frozenset[str] = frozenset()  # what a replica must serve (protocol/features.py)
+    session_key: str | None = None  # the client's routing hint (admission.routing_hint)
 
 
 def _exclusions(state: GatewayState, model: str, tried: set[str],
@@ -110,6 +111,7 @@ async def _attempts(state: GatewayState, routed: RoutedRequest,
         try:
             decision = await state.shared.route_hashes(
                 routed.hashes, routed.prompt_tokens, f"{routed.request_id}-{attempt}",
+                session_key=routed.session_key,
                 exclude=_exclusions(state, routed.model, tried, routed.features),
                 priority=routed.priority)
         except NoReplicaAvailable as exc:

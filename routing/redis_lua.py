@@ -9,7 +9,9 @@ without a priority counts for everyone). The in-flight cap counts every lease.
 Keys per candidate i: KEYS[4i-3] lease ZSET (request id -> expiry ms), KEYS[4i-2] pending HASH
 (request id -> uncached prefill tokens), KEYS[4i-1] predicted ZSET (block hash -> expiry ms),
 KEYS[4i] priority HASH (request id -> priority); the last key is the new-prefix rotation HASH
-(replica -> turn). Predicted members are block hashes as 8 little-endian bytes.
+(replica -> turn). Predicted members are block hashes as 8 little-endian bytes. A candidate's
+hint is its rendezvous weight for the request's routing hint plus one (0: no hint), so every
+gateway finds the same home (routing/policies/prefix_cost.py says when a hint counts).
 """
 
 ROUTE_AND_RESERVE = r"""
@@ -27,7 +29,7 @@ local batch_scale = tonumber(ARGV[11])
 local near_equal = tonumber(ARGV[12])
 local n = tonumber(ARGV[13])
 local priority = tonumber(ARGV[14])
-local per = 6
+local per = 7
 -- Block hashes arrive packed as 8 bytes each in one argument and are used as binary members.
 local packed = ARGV[15 + n * per] or ''
 local hashes = {}
@@ -85,7 +87,7 @@ for i = 1, n do
   local cached = math.max(tonumber(ARGV[o + 2]), math.min(blocks, max_blocks) * block_size)
   local c = {name = ARGV[o + 1], cached = cached, in_flight = in_flight, pending = pending,
              cap = tonumber(ARGV[o + 3]), saturated = tonumber(ARGV[o + 4]), index = i,
-             local_blocks = local_blocks, leases = leases}
+             local_blocks = local_blocks, leases = leases, hint = tonumber(ARGV[o + 7])}
   local uncached = math.max(0, prompt_tokens - cached)
   c.cost = (uncached_weight * uncached + pending + block_size) * (1 + in_flight / batch_scale)
   cands[#cands + 1] = c
@@ -128,18 +130,30 @@ for _, c in ipairs(window) do
   if c.cost <= best * (1 + near_equal) then near[#near + 1] = c end
 end
 
-local reason
-if best_cached == 0 then
+local function home(list)
+  local h = list[1]
+  for _, c in ipairs(list) do if c.hint > h.hint then h = c end end
+  return h
+end
+local hinted = window[1].hint > 0
+local reason, chosen
+if best_cached == 0 and hinted then
+  chosen = home(window)
+  reason = 'session_hint'
+elseif best_cached == 0 then
   -- A new prefix: the replica that least recently took one, so every cache gets used.
   local oldest, pick = math.huge, {}
   for _, c in ipairs(near) do
     local turn = tonumber(redis.call('HGET', rotation_key, c.name) or '0')
     if turn < oldest then oldest = turn; pick = {c} elseif turn == oldest then pick[#pick + 1] = c end
   end
-  near = pick
+  chosen = pick[math.min(#pick, math.floor(rand * #pick) + 1)]
   reason = 'new_prefix'
+elseif hinted then
+  chosen = home(near)
+else
+  chosen = near[math.min(#near, math.floor(rand * #near) + 1)]
 end
-local chosen = near[math.min(#near, math.floor(rand * #near) + 1)]
 if best_cached == 0 then
   redis.call('HSET', rotation_key, chosen.name, redis.call('INCR', rotation_key .. ':turn'))
 elseif chosen.cached >= best_cached then

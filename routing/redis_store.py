@@ -49,6 +49,7 @@ class Candidate:
     saturated: bool = False  # a guard (KV usage, queue) excludes it while others remain
     engine_in_flight: int = 0  # engine-reported running + waiting (of priority <= the
     engine_pending_prefill: int = 0  # request's): a floor for the shared count
+    hint: int = 0  # rendezvous weight + 1 for the request's routing hint; 0: no hint
 
 
 @dataclass(slots=True)
@@ -149,7 +150,7 @@ class RedisStore:
             keys += [self._key("lease", c.name), self._key("pending", c.name),
                      self._key("pred", c.name), self._key("prio", c.name)]
             args += [c.name, c.cached_tokens, c.max_in_flight, int(c.saturated),
-                     c.engine_in_flight, c.engine_pending_prefill]
+                     c.engine_in_flight, c.engine_pending_prefill, c.hint]
         keys.append(f"{self.prefix}:newprefix")
         args.append(array("Q", hashes).tobytes() if _LITTLE_ENDIAN else
                     b"".join(struct.pack("<Q", h) for h in hashes))

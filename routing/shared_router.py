@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from routing.hashing import block_hashes
 from routing.policies import Decision, NoReplicaAvailable, ReplicaScore
+from routing.policies.base import rendezvous_weight
 from routing.policies.prefix_cost import PrefixCostPolicy
 from routing.redis_store import Candidate, CostParams, RedisStore, StoreState
 from routing.router import Router
@@ -56,7 +57,8 @@ class SharedRouter:
             engine_in_flight, engine_pending = router.load.engine_counts(s.name, priority)
             candidates.append(Candidate(
                 s.name, s.cached_tokens, self.max_in_flight, policy.saturated(s) is not None,
-                engine_in_flight, engine_pending))
+                engine_in_flight, engine_pending,
+                0 if session_key is None else rendezvous_weight(session_key, s.name) + 1))
         pick = await self.store.route_and_reserve(
             request_id, candidates, hashes, prompt_tokens, router.block_size,
             self._rng.random(), self._params(), priority)

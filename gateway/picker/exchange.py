@@ -141,7 +141,8 @@ class Exchange:
         try:
             decision = await state.shared.route_hashes(
                 routed.hashes, routed.prompt_tokens, routed.request_id,
-                exclude=await self._excluded(routed), priority=routed.priority)
+                session_key=routed.session_key, exclude=await self._excluded(routed),
+                priority=routed.priority)
         except NoReplicaAvailable as exc:
             state.stats.record_request(None, ok=False)
             state.metrics.requests.labels(routed.endpoint, "none", "503").inc()

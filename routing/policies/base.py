@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import xxhash
+
 
 @dataclass(slots=True)
 class RouteRequest:
@@ -14,7 +16,7 @@ class RouteRequest:
     hashes: Sequence[int]  # canonical block hashes of the prompt (full blocks only)
     prompt_tokens: int
     block_size: int = 16
-    session_key: str | None = None  # e.g. the value of an affinity header
+    session_key: str | None = None  # the client's routing hint (session header, prompt_cache_key)
     priority: int = 0  # lower is more urgent; the load it sees is that of priority <= this
 
 
@@ -81,6 +83,18 @@ def explain(replicas: Sequence[ReplicaState], costs: dict[str, float] | None = N
 def require_replicas(replicas: Sequence[ReplicaState]) -> None:
     if not replicas:
         raise NoReplicaAvailable("no healthy replica")
+
+
+def rendezvous_weight(key: str, replica: str) -> int:
+    """Rendezvous (highest random weight) hashing: the replica with the largest weight is the
+    key's home, the same for every gateway, and adding a replica moves only its share of keys.
+    52 bits, so the weight survives a Lua number (a double) unchanged."""
+    return xxhash.xxh3_64_intdigest(f"{key}\x00{replica}".encode()) >> 12
+
+
+def home_of(key: str, items: Sequence[ReplicaState]) -> ReplicaState:
+    """The key's home among `items` (by rendezvous weight)."""
+    return max(items, key=lambda r: rendezvous_weight(key, r.name))
 
 
 def pick_min(items: Sequence[ReplicaState], key, rng: random.Random) -> ReplicaState:

@@ -23,7 +23,13 @@ Around the cost:
     the best-cached replica still wins (affinity is kept, not dropped, under imbalance);
   * a random pick among near-equal costs, never the first index;
   * a prompt no replica holds goes to the replica that took a new prefix least recently, so new
-    prefixes spread and every replica's cache is used.
+    prefixes spread and every replica's cache is used;
+  * a routing hint (the client's session header, `prompt_cache_key` or `user`) names a home
+    replica by rendezvous hashing. Where the index knows nothing of the prompt (a first turn,
+    a prefix shorter than a block, a new tenant) the home inside the load window takes it
+    instead of the rotation; where replicas tie on cost, the home among them wins instead of a
+    random one. The index's knowledge and the guards come first: a hint never beats a cached
+    prefix, nor puts a request on a saturated or overloaded replica.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import itertools
 import random
 
 from routing.policies.base import (Decision, ReplicaState, RouteRequest, build_decision,
-                                   require_replicas)
+                                   home_of, require_replicas)
 
 
 UNCACHED_WEIGHT = 2.0
@@ -102,15 +108,19 @@ class PrefixCostPolicy:
         best = min(costs[r.name] for r in window)
         near = [r for r in window if costs[r.name] <= best * (1 + self.near_equal)]
         best_cached = max(r.cached_tokens for r in candidates)
+        hint = request.session_key
         if best_cached == 0:
-            # A new prefix: rotate it onto the replica that least recently took one.
-            oldest = min(self._new_prefix_turn.get(r.name, 0) for r in near)
-            chosen = self._rng.choice(
-                [r for r in near if self._new_prefix_turn.get(r.name, 0) == oldest])
+            if hint is not None:
+                chosen, reason = home_of(hint, window), "session_hint"
+            else:
+                # A new prefix: rotate it onto the replica that least recently took one.
+                oldest = min(self._new_prefix_turn.get(r.name, 0) for r in near)
+                chosen = self._rng.choice(
+                    [r for r in near if self._new_prefix_turn.get(r.name, 0) == oldest])
+                reason = "new_prefix"
             self._new_prefix_turn[chosen.name] = next(self._turns)
-            reason = "new_prefix"
         else:
-            chosen = self._rng.choice(near)
+            chosen = home_of(hint, near) if hint is not None else self._rng.choice(near)
             reason = "cache_hit" if chosen.cached_tokens >= best_cached else "load_window"
         if all_saturated:
             reason = "all_saturated"

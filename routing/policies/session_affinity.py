@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import random
 
-import xxhash
-
-from routing.policies.base import (Decision, ReplicaState, RouteRequest, build_decision, pick_min,
-                                   require_replicas)
+from routing.policies.base import (Decision, ReplicaState, RouteRequest, build_decision, home_of,
+                                   pick_min, require_replicas)
 
 
 class SessionAffinityPolicy:
@@ -22,6 +20,5 @@ class SessionAffinityPolicy:
         if request.session_key is None:
             chosen = pick_min(replicas, lambda r: r.in_flight, self._rng)
             return build_decision(self.name, request, chosen, "no_session_key", replicas)
-        key = request.session_key
-        chosen = max(replicas, key=lambda r: xxhash.xxh3_64_intdigest(f"{key}\x00{r.name}".encode()))
+        chosen = home_of(request.session_key, replicas)
         return build_decision(self.name, request, chosen, "session", replicas)

@@ -150,3 +150,18 @@ async def test_lean_pool_reuses_connections_and_drops_expired_ones():
         assert transport.pool.opened == 11
         with pytest.raises(httpx.ConnectError):
             await client.post("http://127.0.0.1:1/", content=b"{}")
+
+
+def test_routing_hint_is_the_session_header_else_prompt_cache_key_else_user():
+    from gateway.admission import routing_hint
+    from protocol.chat import ChatCompletionRequest
+
+    def hint(headers: dict, **fields) -> str | None:
+        req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                    **fields)
+        return routing_hint(req, headers, "m|tenant:a")
+
+    assert hint({"x-session-id": "s"}, prompt_cache_key="k", user="u") == "m|tenant:a\x00s"
+    assert hint({}, prompt_cache_key="k", user="u") == "m|tenant:a\x00k"
+    assert hint({}, user="u") == "m|tenant:a\x00u"
+    assert hint({}) is None and hint({"x-session-id": ""}) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from routing.policies.base import ReplicaState, home_of
 from tests.gateway import procs
 
 pytestmark = pytest.mark.timeout(180)
@@ -92,6 +93,29 @@ def test_draining_replica_gets_nothing_new_and_policy_switches(cluster):
     assert procs.admin(gw, "/policy", "PUT", json={"policy": "nope"}).status_code == 400
     # The policy's old name still works (configs written before the rename) and means the new one.
     assert procs.admin(gw, "/policy", "PUT", json={"policy": "kvgate"}).json()["policy"] == "prefix_cost"
+
+
+def test_a_session_hint_keeps_prompts_the_index_cannot_know_on_one_replica(cluster):
+    _, gw = cluster
+    names = [r["name"] for r in procs.admin(gw, "/replicas").json()["data"]]
+    model_ns = procs.MODEL  # no tenant salt: the namespace is the model
+    homes = {}
+    for key in (f"user-{i}" for i in range(40)):
+        homes.setdefault(home_of(f"{model_ns}\x00{key}",
+                                 [ReplicaState(n) for n in names]).name, key)
+        if len(homes) == len(names):
+            break
+    for home, key in homes.items():
+        for turn in range(3):
+            # A prompt shorter than one block: no index can say where it is cached.
+            body = {"model": procs.MODEL, "prompt": f"Hi {turn}", "max_tokens": 2, "user": key}
+            headers = {"x-session-id": key} if turn == 2 else {}
+            if turn == 2:
+                body["user"] = "someone-else"  # the session header wins over `user`
+            r = httpx.post(gw.url + "/v1/completions", json=body, headers=headers, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-kvgate-replica"] == home
+            assert decision(gw)[0]["reason"] == "session_hint"
 
 
 def test_without_a_local_tokenizer_the_replicas_tokenize(cluster):
