@@ -68,7 +68,8 @@ class ModelRunner:
             model_cls.checkpoint_weights(load_weights(folder, hf_config, quantization), hf_config),
             shard_layout(hf_config, tp.rank, tp.size))
         prep = WeightPrep(self.device, self.dtype, quantization,
-                          config.quantization_group_size, plan.lm_head)
+                          config.quantization_group_size, plan.lm_head,
+                          stack_experts=plan.experts == "triton")
         self.model = model_cls(hf_config, weights, self.attention, max_model_len, prep, tp=tp)
         self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
         shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)

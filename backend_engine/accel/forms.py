@@ -31,13 +31,24 @@ def _cuda_functions() -> dict[tuple[str, str], Form]:
             ("triton", "int4_triton"): weights.int4_mm}
 
 
+def _experts_form(experts: str):
+    if experts != "triton":
+        return None  # models/moe.py's grouped experts, through the Linear
+    from backend_engine.accel.cuda import fused_moe  # triton: only where it runs
+
+    return fused_moe.fused_experts
+
+
 @functools.cache
-def linear(row: str, forms: tuple[tuple[str, str], ...], cuda: bool) -> Linear:
-    """The Linear of one kind of row: `forms` is (format, form) pairs from the plan. One object
-    per plan and row kind in a process, since compiled layers are kept per Linear."""
+def linear(row: str, forms: tuple[tuple[str, str], ...], cuda: bool,
+           experts: str = "grouped") -> Linear:
+    """The Linear of one kind of row: `forms` is (format, form) pairs from the plan, `experts`
+    the plan's form for a mixture of experts. One object per plan and row kind in a process,
+    since compiled layers are kept per Linear."""
     by_format = dict(forms)
     if all(form in ("dense", "reference") for form in by_format.values()):
-        return Linear(row, {}, default=reference_form)  # no fast form to look up
+        # no fast form to look up
+        return Linear(row, {}, default=reference_form, experts=_experts_form(experts))
     functions = _cuda_functions() if cuda else _cpu_functions()
     kinds = dict(CUDA_KINDS if cuda else CPU_KINDS)
     if not cuda:
@@ -46,4 +57,4 @@ def linear(row: str, forms: tuple[tuple[str, str], ...], cuda: bool) -> Linear:
     for kind, fmt in kinds.items():
         form = "w8a8" if kind == "w8a8_cpu" and by_format[fmt] != "reference" else by_format[fmt]
         chosen[kind] = reference_form if form == "reference" else functions[form, kind]
-    return Linear(row, chosen)
+    return Linear(row, chosen, experts=_experts_form(experts))

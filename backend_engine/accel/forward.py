@@ -54,10 +54,11 @@ class PlannedForward:
             self.notes.append(f"{type(model).__name__} layers eager: the compiled pieces "
                               "trace the Llama layer")
         self.plan = dataclasses.replace(plan, decode=decode, prompt=prompt, compiled=compiled)
-        self.linear = forms.linear("decode", tuple(sorted(decode.items())), cuda)
+        self.linear = forms.linear("decode", tuple(sorted(decode.items())), cuda, plan.experts)
         separate = any(prompt[f] != decode[f] for f in self.formats)
         self.prompt_linear: Linear | None = (
-            forms.linear("prompt", tuple(sorted(prompt.items())), cuda) if separate else None)
+            forms.linear("prompt", tuple(sorted(prompt.items())), cuda, plan.experts)
+            if separate else None)
         self.layers: dict[Linear, CompiledLayers | None] = {self.linear: None}
         if self.prompt_linear is not None:
             self.layers[self.prompt_linear] = None
@@ -118,7 +119,7 @@ class PlannedForward:
     def describe(self) -> str:
         """The plan's one start-up line, with what could not run here."""
         notes = f" ({'; '.join(self.notes)})" if self.notes else ""
-        return self.plan.describe(self.formats) + notes
+        return self.plan.describe(self.formats, experts=hasattr(self.model, "num_experts")) + notes
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
                  meta: AttentionMetadata) -> torch.Tensor:

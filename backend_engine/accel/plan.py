@@ -36,8 +36,14 @@ dequantised and F.linear — the oracle every other form is tested against, gree
 and logprobs within a stated tolerance (tests/backend_engine/accel/). Compiled: the layers'
 row-wise ops fused between attentions and decode rows as one graph per step (CPU, one rank).
 
+Attention and a mixture of experts' matmuls take one form per device class: on CPUs `torch`
+attention and `grouped` experts (rows grouped by expert, each active expert once through the
+Linear, models/moe.py), on CUDA `triton` for both (the paged attention kernels; every expert's
+weights stacked and each projection one grouped launch, accel/cuda/fused_moe.py).
+
 Developer overrides (`--engine-option KEY=VALUE`, `EngineConfig.engine_options`): `device_class`,
-`decode`, `prompt`, `lm_head`, `compiled` (on/off), `attention` (torch/triton), and
+`decode`, `prompt`, `lm_head`, `compiled` (on/off), `attention` (torch/triton), `experts`
+(grouped/triton), and
 `plan=reference` (every matmul `reference`, eager, torch attention). They change speed, never
 answers beyond the stated tolerances.
 """
@@ -75,7 +81,8 @@ VALID_FORMS = {
 }
 CPU_ONLY = {"kernel", "tiles", "template", "int8_sums", "w8a8"}
 LM_HEAD_FORMATS = ("w8a8", "int8", "int4")
-OPTIONS = ("device_class", "decode", "prompt", "lm_head", "compiled", "attention", "plan")
+OPTIONS = ("device_class", "decode", "prompt", "lm_head", "compiled", "attention", "experts",
+           "plan")
 
 
 class PlanError(ValueError):
@@ -102,14 +109,17 @@ class Plan:
     lm_head: str  # the lm_head's format when the model is quantised
     compiled: bool
     attention: str  # "torch" | "triton"
+    experts: str = "grouped"  # a mixture of experts' matmuls: "grouped" | "triton"
 
-    def describe(self, formats: set[str]) -> str:
-        """One line for the start-up log, for the formats the model's layers hold."""
+    def describe(self, formats: set[str], experts: bool = False) -> str:
+        """One line for the start-up log, for the formats the model's layers hold (and its
+        experts' form, for a mixture of experts)."""
         weights = "; ".join(f"{f} weights: decode rows {self.decode[f]}, prompt rows "
                             f"{self.prompt[f]}" for f in FORMATS if f in formats)
         lm_head = f", lm_head {self.lm_head}" if formats - {"fp"} else ""
+        moe = f", {self.experts} experts" if experts else ""
         return (f"plan for {self.device_class}: {weights}{lm_head}; "
-                f"{'compiled' if self.compiled else 'eager'}, {self.attention} attention")
+                f"{'compiled' if self.compiled else 'eager'}, {self.attention} attention{moe}")
 
 
 def plan_for(device: str, options: dict[str, str] | None = None, *, one_rank: bool = True,
@@ -134,6 +144,7 @@ def plan_for(device: str, options: dict[str, str] | None = None, *, one_rank: bo
     prompt = {f: forms[1] for f, forms in TABLE[cls].items()}
     compiled = not on_cuda and one_rank and not enforce_eager
     attention = "triton" if on_cuda else "torch"
+    experts = "triton" if on_cuda else "grouped"
     lm_head = LM_HEAD[cls]
     if options.get("plan") not in (None, "reference"):
         raise PlanError(f"engine option plan={options['plan']!r}: the only named plan is "
@@ -141,7 +152,7 @@ def plan_for(device: str, options: dict[str, str] | None = None, *, one_rank: bo
     if options.get("plan") == "reference":
         decode = {f: "reference" for f in FORMATS}
         prompt = dict(decode)
-        compiled, attention = False, "torch"
+        compiled, attention, experts = False, "torch", "grouped"
     for key, forms in (("decode", decode), ("prompt", prompt)):
         if key in options:
             _override(forms, key, options[key], on_cuda)
@@ -157,7 +168,9 @@ def plan_for(device: str, options: dict[str, str] | None = None, *, one_rank: bo
                             "of one rank")
     if "attention" in options:
         attention = _choice("attention", options["attention"], ("torch", "triton"))
-    return Plan(cls, decode, prompt, lm_head, compiled, attention)
+    if "experts" in options:
+        experts = _choice("experts", options["experts"], ("grouped", "triton"))
+    return Plan(cls, decode, prompt, lm_head, compiled, attention, experts)
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:

@@ -62,6 +62,7 @@ class WeightPrep:
     quantization: str | None = None
     group_size: int = 32
     lm_head_format: str = "w8a8"
+    stack_experts: bool = False  # the plan's experts form is `triton` (accel/cuda/fused_moe.py)
 
     def dense(self, t: torch.Tensor) -> torch.Tensor:
         """Embeddings, norms and biases: the compute dtype on the model's device."""
@@ -74,3 +75,12 @@ class WeightPrep:
     def lm_head(self, w: LinearWeight) -> Any:
         return prepare_lm_head(w, self.lm_head_format, self.group_size, self.device,
                                self.dtype)
+
+    def experts(self, pairs: list) -> Any:
+        """A mixture of experts' prepared (gate/up, down) pairs: stacked per projection for the
+        grouped Triton kernels where the plan runs them (each pair a view into the stack)."""
+        if not self.stack_experts:
+            return pairs
+        from backend_engine.accel.cuda import fused_moe  # triton: only where a GPU runs it
+
+        return fused_moe.stack_experts(pairs)

@@ -5,6 +5,9 @@ kernels (accel/prepare.py), whose class names its `kind`. What multiplies a quan
 *form*; a `Linear` holds one form per kind, and the execution plan (accel/plan.py) gives each
 kind of row its Linear. The model code only ever calls a Linear, so it has no format branch.
 
+A mixture of experts' grouped matmuls (models/moe.py) may have a form of their own too, the
+Linear's `experts`: None runs each active expert through the Linear.
+
 `REFERENCE` is the reference form of every kind: the weight dequantised to the activations'
 dtype, then F.linear. It is slow and exact to the stored values; every other form is tested
 against it.
@@ -29,10 +32,11 @@ class Linear:
     """y = x @ W^T (+ bias): F.linear for an fp tensor, else the form held for `weight.kind`."""
 
     def __init__(self, name: str, forms: Mapping[str, Form],
-                 default: Form | None = None) -> None:
+                 default: Form | None = None, experts: Callable | None = None) -> None:
         self.name = name
         self.forms = dict(forms)
         self.default = default  # the form of kinds not named in `forms` (None: an error)
+        self.experts = experts  # (x, top_weights, top_experts, experts, linear) → y, or None
 
     def __repr__(self) -> str:
         return f"Linear({self.name})"

@@ -7,11 +7,13 @@ interface. A step's rows are grouped by expert and each expert a row chose runs 
 its rows; the weighted results are added back in expert order, as transformers adds them.
 Under tensor parallelism every rank routes the same (replicated) rows and holds a slice of every
 expert's intermediate dimension, so the block's output is summed by one all-reduce, as a dense
-MLP's is. The layers run eager with the plan's Linear (`compiles = False`).
+MLP's is. The layers run eager with the plan's Linear (`compiles = False`); where the plan gives
+the Linear an experts form (accel/cuda/fused_moe.py on CUDA), the experts run through it instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +27,8 @@ from backend_engine.models.linear import Linear
 from backend_engine.models.llama import DecoderLayer, LlamaModel, WeightPrep
 from backend_engine.models.moe_checkpoint import ExpertNames, canonical_experts
 
-Experts = list[tuple[Any, Any]]  # per expert: (gate/up weight, down weight), as prep.linear made
+# per expert: (gate/up weight, down weight), as prep.linear made them and prep.experts laid out
+Experts = Sequence[tuple[Any, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,8 @@ class SparseMoE:
 
     def __call__(self, x: torch.Tensor, linear: Linear) -> torch.Tensor:
         top_weights, top_experts = self.router(x, self.router_weight)
-        return grouped_experts(x, top_weights, top_experts, self.experts, linear)
+        grouped = linear.experts or grouped_experts  # the plan's experts form, if it has one
+        return grouped(x, top_weights, top_experts, self.experts, linear)
 
     def linear_weights(self) -> list:
         """Every expert's gate/up and down weights, expert by expert."""
@@ -100,7 +104,7 @@ class MoEDecoderLayer(DecoderLayer):
             return
         experts = [(fused(f"mlp.experts.{e}.gate_proj.weight", f"mlp.experts.{e}.up_proj.weight"),
                     fused(f"mlp.experts.{e}.down_proj.weight")) for e in range(m.num_experts)]
-        self.moe = SparseMoE(prep.dense(w("mlp.gate.weight")), experts, m.router)
+        self.moe = SparseMoE(prep.dense(w("mlp.gate.weight")), prep.experts(experts), m.router)
 
     def linear_weights(self) -> tuple:
         if self.moe is None:

@@ -25,8 +25,10 @@ def test_each_class_has_a_form_for_every_format_and_row_kind(cls):
     assert set(plan.decode) == set(plan.prompt) == {"fp", "int8", "int4"}
     assert plan.compiled == (cls != "cuda")
     assert plan.attention == ("triton" if cls == "cuda" else "torch")
+    assert plan.experts == ("triton" if cls == "cuda" else "grouped")
     line = plan.describe({"int4"})
     assert line.startswith(f"plan for {cls}: int4 weights: decode rows ") and "lm_head" in line
+    assert "experts" not in line and f"{plan.experts} experts" in plan.describe({"int4"}, True)
 
 
 def test_the_plan_is_the_same_for_every_replica_of_a_machine():
@@ -42,6 +44,7 @@ def test_developer_overrides_change_one_entry():
     reference = plan_for("cpu", {"plan": "reference"})
     assert set(reference.decode.values()) == set(reference.prompt.values()) == {"reference"}
     assert not reference.compiled and reference.attention == "torch"
+    assert reference.experts == "grouped" and plan_for("cpu", {"experts": "triton"}).experts == "triton"
 
 
 def test_tensor_parallel_and_enforce_eager_compile_nothing():
@@ -62,6 +65,7 @@ def test_tensor_parallel_and_enforce_eager_compile_nothing():
     ({"device_class": "cuda"}, "the device is cpu"),
     ({"plan": "fastest"}, "only named plan"),
     ({"attention": "flash"}, "choose one of torch, triton"),
+    ({"experts": "dense"}, "choose one of grouped, triton"),
 ])
 def test_bad_overrides_are_refused_with_the_option_named(options, match):
     with pytest.raises(PlanError, match=match):
