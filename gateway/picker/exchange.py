@@ -15,7 +15,6 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 
 from gateway.admission import ENDPOINTS, admit
-from gateway.auth import bearer_token
 from gateway.config import ApiKey
 from gateway.forward import (REPLICA_HEADER, RoutedRequest, _exclusions, _finish_request,
                              _keep_lease, _note_failure, _observe_usage, _record, _release)
@@ -27,6 +26,7 @@ from gateway.stats import DecisionRecord
 from gateway.upstream import UsageScanner, usage_of
 from protocol.disconnect import CLIENT_CLOSED_REQUEST
 from protocol.errors import APIError, bad_request, model_not_found, not_found, service_unavailable
+from protocol.http import api_key_of
 from protocol.model_list import ModelCard, ModelList
 from routing.policies import Decision, NoReplicaAvailable
 
@@ -74,7 +74,7 @@ class Exchange:
             if phase == "response_body":
                 return await self._response_body(request.response_body)
         except APIError as error:
-            return gie.error_response(error)
+            return gie.error_response(error, self.path)
         return ext_proc.ProcessingResponse(**{phase: ext_proc.TrailersResponse()})
 
     # -- request ---------------------------------------------------------------------------
@@ -87,7 +87,7 @@ class Exchange:
                            "server_error", None, "bad_subset_hint") from None
         self.path = self.headers.get(":path", "").split("?", 1)[0]
         method = self.headers.get(":method", "")
-        self.key = await self.state.keys.user_token(bearer_token(self.headers.get("authorization", "")))
+        self.key = await self.state.keys.user_token(api_key_of(self.headers))
         if self.path in ENDPOINTS and method == "POST":
             if request.request_headers.end_of_stream:
                 raise bad_request("The request body is empty; send a JSON object.")
