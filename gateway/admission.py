@@ -1,4 +1,4 @@
-"""Admission of one OpenAI request, the same for every entry point (the HTTP proxy and the Envoy
+"""Admission of one OpenAI (or Anthropic Messages) request, the same for every entry point (the HTTP proxy and the Envoy
 endpoint picker): parse and validate the body, check features and limits, apply the key's
 tenant and priority, tokenise as the engine will, rate-limit, and hash the prompt's blocks."""
 
@@ -15,6 +15,8 @@ from gateway.forward import RoutedRequest
 from gateway.priority import effective_priority
 from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
+from protocol.anthropic import MessagesRequest
+from protocol.anthropic_chat import to_chat
 from protocol.chat import ChatCompletionRequest
 from protocol.completions import CompletionRequest
 from protocol.errors import APIError, bad_request, context_length_exceeded, model_not_found
@@ -29,7 +31,8 @@ log = logging.getLogger(__name__)
 # path -> (endpoint name, request model)
 ENDPOINTS = {"/v1/chat/completions": ("chat", ChatCompletionRequest),
              "/v1/completions": ("completions", CompletionRequest),
-             "/v1/responses": ("responses", ResponsesRequest)}
+             "/v1/responses": ("responses", ResponsesRequest),
+             "/v1/messages": ("messages", MessagesRequest)}
 
 
 def tenant_salt(key: ApiKey | None, cache_salt: str | None) -> str | None:
@@ -56,12 +59,13 @@ def _check_features(serving: list, req, endpoint: str) -> frozenset[str]:  # noq
     return needed
 
 
-def _check_limits(state: GatewayState,
-                  req: ChatCompletionRequest | CompletionRequest | ResponsesRequest) -> None:
+def _check_limits(state: GatewayState, req: ChatCompletionRequest | CompletionRequest |
+                  ResponsesRequest | MessagesRequest) -> None:
     if getattr(req, "kv_transfer_params", None) is not None:  # the Responses API has no field
         raise bad_request("'kv_transfer_params' is set by the gateway for prefill/decode pairs; "
                           "clients may not send it.", "kv_transfer_params", "invalid_value")
-    if isinstance(req, ChatCompletionRequest) and len(req.messages) > state.config.max_messages:
+    if isinstance(req, (ChatCompletionRequest, MessagesRequest)) \
+            and len(req.messages) > state.config.max_messages:
         raise bad_request(f"'messages' holds at most {state.config.max_messages} messages.",
                           "messages", "invalid_value")
     if isinstance(req, CompletionRequest) and len(req.prompts()) > 256:
@@ -117,8 +121,9 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
     serving = state.serving(req.model)
     if not serving:
         raise model_not_found(req.model)
-    features = _check_features(serving, req, endpoint)
-    chat = req.to_chat() if isinstance(req, ResponsesRequest) else req
+    chat = req.to_chat() if isinstance(req, ResponsesRequest) else \
+        to_chat(req) if isinstance(req, MessagesRequest) else req
+    features = _check_features(serving, chat if endpoint == "messages" else req, endpoint)
     salt = tenant_salt(key, req.cache_salt)
     priority = effective_priority(key, req.priority)
     changes: dict = {}  # forwarded byte for byte unless the namespace or priority must change
@@ -138,8 +143,8 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
         raise context_length_exceeded(
             f"The prompt has {len(tokens)} tokens; this gateway accepts at most "
             f"{state.config.max_prompt_tokens}.",
-            {"chat": "messages", "responses": "input"}.get(endpoint, "prompt"))
-    await _check_rate(state, key, len(tokens) + max_out * (req.n or 1))
+            {"chat": "messages", "responses": "input", "messages": "messages"}.get(endpoint, "prompt"))
+    await _check_rate(state, key, len(tokens) + max_out * (getattr(req, "n", None) or 1))
     _advise(state, key, req.model, tokens, salt)
     namespace_model = serving[0].namespace_model or req.model
     hashes = block_hashes(tokens, namespace_for(namespace_model, salt), state.router.block_size)

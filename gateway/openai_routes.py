@@ -1,5 +1,6 @@
-"""The OpenAI surface of the gateway: validate at the edge (before any replica is touched),
-authenticate, tokenise as the engine will, rate-limit, hash, then forward."""
+"""The API surface of the gateway (OpenAI's, and Anthropic's Messages API): validate at the edge
+(before any replica is touched), authenticate, tokenise as the engine will, rate-limit, hash,
+then forward."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from starlette.responses import Response
 from gateway import disagg
 from gateway.admission import admit, tenant_salt  # noqa: F401 - tenant_salt: its old home
 from gateway.state import GatewayState
+from protocol.anthropic import CountTokensRequest, CountTokensResponse
+from protocol.anthropic_chat import to_chat
 from protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
 from protocol.errors import model_not_found
 from protocol.model_list import ModelCard, ModelList
+from protocol.parsing import parse_request
 
 router = APIRouter()
 
@@ -32,6 +36,25 @@ async def completions(request: Request) -> Response:
 @router.post("/v1/responses")
 async def responses(request: Request) -> Response:
     return await _serve(request, "/v1/responses")
+
+
+@router.post("/v1/messages")
+async def messages(request: Request) -> Response:
+    return await _serve(request, "/v1/messages")
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> CountTokensResponse:
+    """Counted with the tokenisation routing uses: the gateway's own tokenizer of the model,
+    else a replica's /tokenize."""
+    state: GatewayState = request.app.state.gateway
+    await state.keys.user(request)
+    req = parse_request(CountTokensRequest, await request.body())
+    serving = state.serving(req.model)
+    if not serving:
+        raise model_not_found(req.model)
+    url = next((r.url for r in serving if r.routable()), serving[0].url)
+    return CountTokensResponse(input_tokens=len(await state.tokens.chat(to_chat(req), url)))
 
 
 @router.get("/v1/models")
