@@ -20,6 +20,14 @@ class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
+class ResultPart(Lenient):
+    """A block inside a tool_result: text (images are refused, as everywhere)."""
+
+    type: str
+    text: str | None = None
+    cache_control: dict[str, Any] | None = None
+
+
 class ContentBlock(Lenient):
     """One content block of a message; which fields it needs depends on `type` (checked in
     `check_block`). `cache_control` is accepted on any block (see docs/api/anthropic.md)."""
@@ -30,7 +38,7 @@ class ContentBlock(Lenient):
     name: str | None = None  # tool_use
     input: dict[str, Any] | None = None  # tool_use
     tool_use_id: str | None = None  # tool_result
-    content: str | list[ContentBlock] | None = None  # tool_result
+    content: str | list[ResultPart] | None = None  # tool_result
     is_error: bool | None = None  # tool_result
     thinking: str | None = None  # thinking
     signature: str | None = None  # thinking
@@ -62,10 +70,14 @@ def check_block(block: ContentBlock, role: str, where: str) -> None:
                               f"{where}.{name}", "missing_required_parameter")
     if block.type == "tool_result" and isinstance(block.content, list):
         for j, part in enumerate(block.content):
-            check_block(part, "user", f"{where}.content[{j}]")
+            where_part = f"{where}.content[{j}]"
             if part.type != "text":
-                raise unsupported(f"{where}.content[{j}].type",
-                                  f"A '{part.type}' block inside a tool_result")
+                what = f"A '{part.type}' block inside a tool_result"
+                raise unsupported(f"{where_part}.type", what + (" (kvgate serves text-only models)"
+                                                                 if part.type in _MEDIA else ""))
+            if part.text is None:
+                raise bad_request(f"Missing required parameter: '{where_part}.text'.",
+                                  f"{where_part}.text", "missing_required_parameter")
 
 
 class InputMessage(Lenient):
