@@ -7,19 +7,22 @@ it) maps to `thinking` blocks both ways."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from protocol.anthropic import (ContentBlock, CountTokensRequest, Message, MessagesBase,
                                 MessagesRequest, MessageUsage, StopReason, TextBlock,
                                 ThinkingBlock, ToolUseBlock)
 from protocol.chat import ChatCompletion, ChatCompletionRequest, ChatMessage
-from protocol.errors import bad_request
+from protocol.errors import APIError, bad_request
 from protocol.parsing import parse_request
 
 # Set where chat messages carry the model's reasoning (the reasoning parser's field).
 REASONING_FIELD = next((f for f in ("reasoning_content", "reasoning")
                         if f in ChatMessage.model_fields), None)
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+# Chat's names for the fields a Messages request calls otherwise, in error messages and params.
+_CHAT_FIELD = re.compile(r"(tools\[\d+\])\.function\.parameters|(?<=')stop(?=')|^stop$")
 
 
 def reasoning_of(message: Any) -> str | None:
@@ -52,7 +55,17 @@ def to_chat(req: MessagesBase, stream_usage: bool = False) -> ChatCompletionRequ
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type != "disabled"}
     if isinstance(req, MessagesRequest):
         body.update(_sampling(req, stream_usage))
-    return parse_request(ChatCompletionRequest, body)
+    try:
+        return parse_request(ChatCompletionRequest, body)
+    except APIError as err:  # chat's checks name chat's fields: name the client's
+        err.message = _CHAT_FIELD.sub(_client_field, err.message)
+        err.param = err.param and _CHAT_FIELD.sub(_client_field, err.param)
+        err.args = (err.message,)
+        raise
+
+
+def _client_field(match: re.Match) -> str:
+    return f"{match[1]}.input_schema" if match[1] else "stop_sequences"
 
 
 def _sampling(req: MessagesRequest, stream_usage: bool) -> dict[str, Any]:

@@ -56,6 +56,17 @@ def test_final_assistant_text_is_continued_and_any_means_required():
     assert chat.tool_choice_name == "required"
 
 
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": [{"name": "f", "input_schema": {"type": "string"}}]}, "tools[0].input_schema.type"),
+    ({"stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences"),
+    ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "other"}}, "tool_choice")])
+def test_chat_checks_name_the_messages_fields(extra, param):
+    with pytest.raises(APIError) as caught:
+        to_chat(request(messages=[{"role": "user", "content": "x"}], **extra))
+    assert caught.value.status_code == 400 and caught.value.param == param
+    assert "function.parameters" not in caught.value.message and "'stop'" not in caught.value.message
+
+
 def completion(finish: str, stop_reason=None, reasoning: str | None = None) -> ChatCompletion:
     message = AssistantMessage(content="hi")
     if reasoning is not None:  # the reasoning parser's field, set the way its models carry it
