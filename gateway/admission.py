@@ -15,7 +15,7 @@ from gateway.forward import RoutedRequest
 from gateway.priority import effective_priority
 from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
-from protocol.anthropic import MessagesRequest
+from protocol.anthropic import CountTokensRequest, CountTokensResponse, MessagesRequest
 from protocol.anthropic_chat import to_chat
 from protocol.chat import ChatCompletionRequest
 from protocol.completions import CompletionRequest
@@ -29,6 +29,7 @@ from routing.rate_limit import RateLimit
 log = logging.getLogger(__name__)
 
 # path -> (endpoint name, request model)
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 ENDPOINTS = {"/v1/chat/completions": ("chat", ChatCompletionRequest),
              "/v1/completions": ("completions", CompletionRequest),
              "/v1/responses": ("responses", ResponsesRequest),
@@ -153,3 +154,14 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
                          req.model, bool(req.stream), hashes, len(tokens), started, priority,
                          single_prompt=not isinstance(req, CompletionRequest) or len(req.prompts()) == 1,
                          features=features)
+
+
+async def count_tokens(state: GatewayState, raw: bytes) -> CountTokensResponse:
+    """`/v1/messages/count_tokens`, counted with the tokenisation routing uses: the gateway's
+    own tokenizer of the model, else a replica's /tokenize."""
+    req = parse_request(CountTokensRequest, raw)
+    serving = state.serving(req.model)
+    if not serving:
+        raise model_not_found(req.model)
+    url = next((r.url for r in serving if r.routable()), serving[0].url)
+    return CountTokensResponse(input_tokens=len(await state.tokens.chat(to_chat(req), url)))

@@ -11,14 +11,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import disagg
-from gateway.admission import admit, tenant_salt  # noqa: F401 - tenant_salt: its old home
+from gateway.admission import COUNT_TOKENS_PATH, admit, count_tokens
+from gateway.admission import tenant_salt  # noqa: F401 - its old home
 from gateway.state import GatewayState
-from protocol.anthropic import CountTokensRequest, CountTokensResponse
-from protocol.anthropic_chat import to_chat
+from protocol.anthropic import CountTokensResponse
 from protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
 from protocol.errors import model_not_found
 from protocol.model_list import ModelCard, ModelList
-from protocol.parsing import parse_request
 
 router = APIRouter()
 
@@ -43,18 +42,11 @@ async def messages(request: Request) -> Response:
     return await _serve(request, "/v1/messages")
 
 
-@router.post("/v1/messages/count_tokens")
-async def count_tokens(request: Request) -> CountTokensResponse:
-    """Counted with the tokenisation routing uses: the gateway's own tokenizer of the model,
-    else a replica's /tokenize."""
+@router.post(COUNT_TOKENS_PATH)
+async def messages_count_tokens(request: Request) -> CountTokensResponse:
     state: GatewayState = request.app.state.gateway
     await state.keys.user(request)
-    req = parse_request(CountTokensRequest, await request.body())
-    serving = state.serving(req.model)
-    if not serving:
-        raise model_not_found(req.model)
-    url = next((r.url for r in serving if r.routable()), serving[0].url)
-    return CountTokensResponse(input_tokens=len(await state.tokens.chat(to_chat(req), url)))
+    return await count_tokens(state, await request.body())
 
 
 @router.get("/v1/models")

@@ -138,6 +138,10 @@ def test_messages_api_is_routed_with_anthropic_errors(cluster):
     assert cached >= 192
     assert procs.wait_until(lambda: decisions(picker, 1)[0]["engine_cached_tokens"] == cached)
     assert decisions(picker, 1)[0]["endpoint"] == "messages"
+    counted = httpx.post(closed.url + "/v1/messages/count_tokens", headers=headers, timeout=10,
+                         json={k: body[k] for k in ("model", "system", "messages")})
+    usage = again.json()["usage"]
+    assert counted.json()["input_tokens"] == usage["input_tokens"] + cached
     for r, status, kind in (
             (httpx.post(closed.url + "/v1/messages", json=body, timeout=10), 401,
              "authentication_error"),
