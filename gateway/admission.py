@@ -1,6 +1,7 @@
-"""Admission of one OpenAI (or Anthropic Messages) request, the same for every entry point (the HTTP proxy and the Envoy
-endpoint picker): parse and validate the body, check features and limits, apply the key's
-tenant and priority, tokenise as the engine will, rate-limit, and hash the prompt's blocks."""
+"""Admission of one OpenAI (or Anthropic Messages) request, the same for every entry point (the
+HTTP proxy and the Envoy endpoint picker): parse and validate the body, check features and
+limits, apply the key's tenant and priority, tokenise as the engine will, rate-limit, and hash
+the prompt's blocks."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from routing.rate_limit import RateLimit
 
 log = logging.getLogger(__name__)
 
-# path -> (endpoint name, request model)
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+# path -> (endpoint name, request model)
 ENDPOINTS = {"/v1/chat/completions": ("chat", ChatCompletionRequest),
              "/v1/completions": ("completions", CompletionRequest),
              "/v1/responses": ("responses", ResponsesRequest),

@@ -71,7 +71,8 @@ class KeyStore:
         if self.open_access and token is None:
             return None
         if token is None:
-            raise unauthorized("You didn't provide an API key. Provide it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.")
+            raise unauthorized("You didn't provide an API key. Provide it as "
+                               "'Authorization: Bearer KEY' or 'x-api-key: KEY'.")
         digest = _digest(token)
         key = self._match(digest) or await self._from_redis(digest, token)
         if key is None:

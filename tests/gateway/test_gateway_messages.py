@@ -123,8 +123,9 @@ def test_bad_input_gets_anthropic_errors_at_the_gateway(fleet, body, status, kin
     response = httpx.post(gw.url + "/v1/messages", headers={"x-api-key": KEY}, timeout=30,
                           json={"model": procs.MODEL, **body})
     error_of(response, status, kind)
-    replicas = procs.admin(gw, "/replicas").json()["data"]
-    assert [r["in_flight"] for r in replicas] == [0]  # refused before any replica was booked
+    # refused before any replica was booked: nothing stays in flight
+    assert procs.wait_until(lambda: [r["in_flight"] for r in procs.admin(gw, "/replicas").json()[
+        "data"]] == [0])
 
 
 def test_keys_and_limits_answer_in_anthropic_shape(fleet):
