@@ -1,6 +1,7 @@
-"""Admission of one OpenAI request, the same for every entry point (the HTTP proxy and the Envoy
-endpoint picker): parse and validate the body, check features and limits, apply the key's
-tenant and priority, tokenise as the engine will, rate-limit, and hash the prompt's blocks."""
+"""Admission of one OpenAI (or Anthropic Messages) request, the same for every entry point (the
+HTTP proxy and the Envoy endpoint picker): parse and validate the body, check features and
+limits, apply the key's tenant and priority, tokenise as the engine will, rate-limit, and hash
+the prompt's blocks."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from gateway.forward import RoutedRequest
 from gateway.priority import effective_priority
 from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
+from protocol.anthropic import CountTokensRequest, CountTokensResponse, MessagesRequest
+from protocol.anthropic_chat import to_chat
 from protocol.chat import ChatCompletionRequest
 from protocol.completions import CompletionRequest
 from protocol.errors import APIError, bad_request, context_length_exceeded, model_not_found
@@ -26,10 +29,12 @@ from routing.rate_limit import RateLimit
 
 log = logging.getLogger(__name__)
 
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 # path -> (endpoint name, request model)
 ENDPOINTS = {"/v1/chat/completions": ("chat", ChatCompletionRequest),
              "/v1/completions": ("completions", CompletionRequest),
-             "/v1/responses": ("responses", ResponsesRequest)}
+             "/v1/responses": ("responses", ResponsesRequest),
+             "/v1/messages": ("messages", MessagesRequest)}
 
 
 def tenant_salt(key: ApiKey | None, cache_salt: str | None) -> str | None:
@@ -56,12 +61,13 @@ def _check_features(serving: list, req, endpoint: str) -> frozenset[str]:  # noq
     return needed
 
 
-def _check_limits(state: GatewayState,
-                  req: ChatCompletionRequest | CompletionRequest | ResponsesRequest) -> None:
+def _check_limits(state: GatewayState, req: ChatCompletionRequest | CompletionRequest |
+                  ResponsesRequest | MessagesRequest) -> None:
     if getattr(req, "kv_transfer_params", None) is not None:  # the Responses API has no field
         raise bad_request("'kv_transfer_params' is set by the gateway for prefill/decode pairs; "
                           "clients may not send it.", "kv_transfer_params", "invalid_value")
-    if isinstance(req, ChatCompletionRequest) and len(req.messages) > state.config.max_messages:
+    if isinstance(req, (ChatCompletionRequest, MessagesRequest)) \
+            and len(req.messages) > state.config.max_messages:
         raise bad_request(f"'messages' holds at most {state.config.max_messages} messages.",
                           "messages", "invalid_value")
     if isinstance(req, CompletionRequest) and len(req.prompts()) > 256:
@@ -111,7 +117,7 @@ SESSION_HEADER = "x-session-id"
 def routing_hint(req: ChatCompletionRequest | CompletionRequest | ResponsesRequest,
                  headers: Mapping[str, str], namespace: str) -> str | None:
     """The client's statement of which requests share a prefix: the session header, else
-    OpenAI's `prompt_cache_key`, else `user`. Scoped by the prompt's namespace (model and
+    OpenAI's `prompt_cache_key`, else `user` (Anthropic's `metadata.user_id`). Scoped by the prompt's namespace (model and
     tenant salt), so equal keys of two tenants or models need not share a home."""
     hint = (headers.get(SESSION_HEADER) or getattr(req, "prompt_cache_key", None)
             or req.user)
@@ -130,8 +136,9 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
     serving = state.serving(req.model)
     if not serving:
         raise model_not_found(req.model)
-    features = _check_features(serving, req, endpoint)
-    chat = req.to_chat() if isinstance(req, ResponsesRequest) else req
+    chat = req.to_chat() if isinstance(req, ResponsesRequest) else \
+        to_chat(req) if isinstance(req, MessagesRequest) else req
+    features = _check_features(serving, chat if endpoint == "messages" else req, endpoint)
     salt = tenant_salt(key, req.cache_salt)
     priority = effective_priority(key, req.priority)
     changes: dict = {}  # forwarded byte for byte unless the namespace or priority must change
@@ -151,8 +158,8 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
         raise context_length_exceeded(
             f"The prompt has {len(tokens)} tokens; this gateway accepts at most "
             f"{state.config.max_prompt_tokens}.",
-            {"chat": "messages", "responses": "input"}.get(endpoint, "prompt"))
-    await _check_rate(state, key, len(tokens) + max_out * (req.n or 1))
+            {"chat": "messages", "responses": "input", "messages": "messages"}.get(endpoint, "prompt"))
+    await _check_rate(state, key, len(tokens) + max_out * (getattr(req, "n", None) or 1))
     _advise(state, key, req.model, tokens, salt)
     namespace_model = serving[0].namespace_model or req.model
     namespace = namespace_for(namespace_model, salt)
@@ -161,4 +168,17 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
     return RoutedRequest(request_id, endpoint, path, body, forwarded_headers(headers),
                          req.model, bool(req.stream), hashes, len(tokens), started, priority,
                          single_prompt=not isinstance(req, CompletionRequest) or len(req.prompts()) == 1,
-                         features=features, session_key=routing_hint(req, headers, namespace))
+                         features=features,
+                         session_key=routing_hint(chat if endpoint == "messages" else req,
+                                                  headers, namespace))
+
+
+async def count_tokens(state: GatewayState, raw: bytes) -> CountTokensResponse:
+    """`/v1/messages/count_tokens`, counted with the tokenisation routing uses: the gateway's
+    own tokenizer of the model, else a replica's /tokenize."""
+    req = parse_request(CountTokensRequest, raw)
+    serving = state.serving(req.model)
+    if not serving:
+        raise model_not_found(req.model)
+    url = next((r.url for r in serving if r.routable()), serving[0].url)
+    return CountTokensResponse(input_tokens=len(await state.tokens.chat(to_chat(req), url)))

@@ -15,6 +15,7 @@ from gateway.config import GatewayConfig
 from gateway.openai_routes import router as openai_router
 from gateway.pin_routes import router as pin_router
 from gateway.state import GatewayState
+from protocol.anthropic import CountTokensRequest, MessagesRequest
 from protocol.chat import ChatCompletionRequest
 from protocol.completions import CompletionRequest
 from protocol.http import BodySizeLimitMiddleware, install_error_handlers
@@ -68,5 +69,6 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Fast
         return Response(body, media_type="text/plain; version=0.0.4")
 
     document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
-                          "/v1/responses": ResponsesRequest})
+                          "/v1/responses": ResponsesRequest, "/v1/messages": MessagesRequest,
+                          "/v1/messages/count_tokens": CountTokensRequest})
     return app

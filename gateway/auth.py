@@ -18,6 +18,7 @@ from starlette.requests import Request
 
 from gateway.config import ApiKey, check_key_priority
 from protocol.errors import APIError, unauthorized
+from protocol.http import api_key_of, bearer_token
 
 log = logging.getLogger(__name__)
 REDIS_CACHE_MAX_ENTRIES = 10_000
@@ -30,14 +31,6 @@ def _digest(key: str) -> bytes:
 
 def bearer(request: Request) -> str | None:
     return bearer_token(request.headers.get("authorization", ""))
-
-
-def bearer_token(header: str) -> str | None:
-    """The token of an `Authorization: Bearer TOKEN` header value, None if it is not one."""
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
 
 
 def forbidden(message: str) -> APIError:
@@ -71,14 +64,15 @@ class KeyStore:
 
     async def user(self, request: Request) -> ApiKey | None:
         """The caller's key, None in open access; 401 when missing or wrong."""
-        return await self.user_token(bearer(request))
+        return await self.user_token(api_key_of(request.headers))
 
     async def user_token(self, token: str | None) -> ApiKey | None:
-        """`user` for a bearer token read elsewhere (the endpoint picker's request headers)."""
+        """`user` for a key read elsewhere (the endpoint picker's request headers)."""
         if self.open_access and token is None:
             return None
         if token is None:
-            raise unauthorized("You didn't provide an API key. Provide it as 'Authorization: Bearer KEY'.")
+            raise unauthorized("You didn't provide an API key. Provide it as "
+                               "'Authorization: Bearer KEY' or 'x-api-key: KEY'.")
         digest = _digest(token)
         key = self._match(digest) or await self._from_redis(digest, token)
         if key is None:

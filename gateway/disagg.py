@@ -41,8 +41,10 @@ def has_pairs(state: GatewayState, model: str) -> bool:
 
 async def serve(state: GatewayState, routed: RoutedRequest) -> Response:
     """The request through a prefill/decode pair when the fleet has them, else as today."""
-    # /v1/responses goes whole: replicas take kv_transfer_params on chat and completions only
-    if routed.endpoint == "responses" or not routed.single_prompt or not has_pairs(state, routed.model):
+    # /v1/responses and /v1/messages go whole: replicas take kv_transfer_params on chat and
+    # completions only
+    if routed.endpoint in ("responses", "messages") or not routed.single_prompt \
+            or not has_pairs(state, routed.model):
         return await forward(state, routed)
     paired: set[str] = set()  # in a pair whose transfer failed: not paired again
     tried: set[str] = set()  # failed to answer: not used again for this request

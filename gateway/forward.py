@@ -21,8 +21,9 @@ from gateway.replicas import Replica, role_exclusions
 from gateway.state import GatewayState
 from gateway.stats import DecisionRecord
 from gateway.upstream import UpstreamFailure, UsageScanner, open_until_down, usage_of
+from protocol.anthropic_errors import stream_error
 from protocol.errors import APIError, service_unavailable
-from protocol.sse import DONE, EventStreamResponse, sse_error
+from protocol.sse import EventStreamResponse
 from routing.policies import Decision, NoReplicaAvailable
 
 REPLICA_HEADER = "x-kvgate-replica"
@@ -31,7 +32,7 @@ REPLICA_HEADER = "x-kvgate-replica"
 @dataclass(slots=True)
 class RoutedRequest:
     request_id: str
-    endpoint: str  # "chat" | "completions" | "responses"
+    endpoint: str  # "chat" | "completions" | "responses" | "messages"
     path: str
     body: bytes
     headers: dict[str, str]
@@ -285,9 +286,9 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
         except httpx.HTTPError as exc:
             _note_failure(state, replica, record, 502, f"{replica.name} broke mid-stream: {exc}")
             state.metrics.stream_errors.labels(replica.name).inc()
-            yield sse_error(APIError(502, "The replica failed while streaming; the response is "
-                                          "incomplete.", "server_error", None, "upstream_error"))
-            yield DONE
+            yield stream_error(APIError(502, "The replica failed while streaming; the response "
+                                             "is incomplete.", "server_error", None,
+                                             "upstream_error"), routed.path)
 
     async def on_close() -> None:
         await upstream.aclose()

@@ -1,5 +1,6 @@
-"""The OpenAI surface of the gateway: validate at the edge (before any replica is touched),
-authenticate, tokenise as the engine will, rate-limit, hash, then forward."""
+"""The API surface of the gateway (OpenAI's, and Anthropic's Messages API): validate at the edge
+(before any replica is touched), authenticate, tokenise as the engine will, rate-limit, hash,
+then forward."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import disagg
-from gateway.admission import admit, tenant_salt  # noqa: F401 - tenant_salt: its old home
+from gateway.admission import COUNT_TOKENS_PATH, admit, count_tokens
+from gateway.admission import tenant_salt  # noqa: F401 - its old home
 from gateway.state import GatewayState
+from protocol.anthropic import CountTokensResponse
 from protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
 from protocol.errors import model_not_found
 from protocol.model_list import ModelCard, ModelList
@@ -32,6 +35,18 @@ async def completions(request: Request) -> Response:
 @router.post("/v1/responses")
 async def responses(request: Request) -> Response:
     return await _serve(request, "/v1/responses")
+
+
+@router.post("/v1/messages")
+async def messages(request: Request) -> Response:
+    return await _serve(request, "/v1/messages")
+
+
+@router.post(COUNT_TOKENS_PATH)
+async def messages_count_tokens(request: Request) -> CountTokensResponse:
+    state: GatewayState = request.app.state.gateway
+    await state.keys.user(request)
+    return await count_tokens(state, await request.body())
 
 
 @router.get("/v1/models")

@@ -112,12 +112,19 @@ def forwarded_headers(incoming) -> dict[str, str]:  # noqa: ANN001 - starlette H
 
 
 def usage_of(payload: dict) -> Usage | None:
-    """Usage of a chat or completions body or chunk, or of a response (or its final event)."""
-    if isinstance(payload, dict) and isinstance(payload.get("response"), dict):
-        payload = payload["response"]  # a Responses API event carrying the response
+    """Usage of a chat or completions body or chunk, of a response (or its final event), or of
+    a Message (or its message_start / message_delta event)."""
+    if isinstance(payload, dict):
+        for wrapper in ("response", "message"):  # a Responses or Messages API event
+            if isinstance(payload.get(wrapper), dict):
+                payload = payload[wrapper]
     usage = payload.get("usage") if isinstance(payload, dict) else None
     if not isinstance(usage, dict):
         return None
+    if "cache_read_input_tokens" in usage and usage.get("input_tokens") is not None:
+        cached = int(usage.get("cache_read_input_tokens") or 0)  # Anthropic's: input is uncached
+        created = int(usage.get("cache_creation_input_tokens") or 0)
+        return Usage(int(usage["input_tokens"]) + cached + created, cached)
     if "input_tokens" in usage:  # the Responses API's names
         details = usage.get("input_tokens_details") or {}
         return Usage(int(usage["input_tokens"]), int(details.get("cached_tokens") or 0))

@@ -11,15 +11,18 @@ JSON_SCHEMA = "json_schema"  # response_format json_schema
 STRUCTURED_OUTPUTS = "structured_outputs"  # vLLM's extra: json, regex, choice, grammar
 TOOLS = "tools"  # tool calling (tool_choice auto, required or a named function)
 RESPONSES = "responses"  # the /v1/responses endpoint
+MESSAGES = "messages"  # the /v1/messages endpoint (Anthropic's Messages API)
 
-ALL_FEATURES = frozenset({JSON_OBJECT, JSON_SCHEMA, STRUCTURED_OUTPUTS, TOOLS, RESPONSES})
+ALL_FEATURES = frozenset({JSON_OBJECT, JSON_SCHEMA, STRUCTURED_OUTPUTS, TOOLS, RESPONSES,
+                          MESSAGES})
 # What each kind of replica serves: kvgate replicas say so themselves; vLLM and SGLang serve all
 # of these; anything else is assumed to serve none of them.
 ENGINE_FEATURES = {"kvgate": ALL_FEATURES, "vllm": ALL_FEATURES, "sglang": ALL_FEATURES,
                    "other": frozenset()}
 # The request field a missing feature is blamed on.
 FEATURE_PARAMS = {JSON_OBJECT: "response_format", JSON_SCHEMA: "response_format",
-                  STRUCTURED_OUTPUTS: "structured_outputs", TOOLS: "tools", RESPONSES: "input"}
+                  STRUCTURED_OUTPUTS: "structured_outputs", TOOLS: "tools", RESPONSES: "input",
+                  MESSAGES: "messages"}
 
 
 def _format_features(fmt: Any) -> set[str]:
@@ -29,8 +32,10 @@ def _format_features(fmt: Any) -> set[str]:
 
 
 def required_features(req: Any, endpoint: str) -> frozenset[str]:
-    """The features a parsed chat, completions or responses request uses."""
-    needed: set[str] = {RESPONSES} if endpoint == "responses" else set()
+    """The features a parsed chat, completions or responses request uses (a Messages request:
+    the chat request it becomes, `endpoint` "messages")."""
+    needed: set[str] = {RESPONSES} if endpoint == "responses" else \
+        {MESSAGES} if endpoint == "messages" else set()
     if endpoint == "responses":
         needed |= _format_features(req.text.format if req.text else None)
     else:

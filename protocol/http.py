@@ -1,10 +1,12 @@
-"""FastAPI glue shared by both HTTP edges: exception handlers that always answer with the OpenAI
-error object (400 for validation, never 422; 500 without a traceback) and a body-size limit."""
+"""FastAPI glue shared by both HTTP edges: exception handlers that always answer with the API's
+error object (OpenAI's; Anthropic's on the Messages API paths), 400 for validation, never 422,
+500 without a traceback; and a body-size limit."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from protocol.anthropic_errors import error_body
 from protocol.errors import APIError, internal_error, payload_too_large
 from protocol.parsing import validation_error_to_api_error
 
@@ -23,28 +26,47 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_DRAIN_LIMIT_BYTES = 256 * 1024 * 1024
 
 
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.to_dict(), status_code=err.status_code, headers=err.headers)
+def bearer_token(header: str) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header value, None if it is not one."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
 
 
-async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-    return error_response(exc)
+def api_key_of(headers: Mapping[str, str]) -> str | None:
+    """The client's API key: `Authorization: Bearer KEY` (OpenAI's SDK) or `x-api-key: KEY`
+    (Anthropic's). `headers`: lower-case names."""
+    token = bearer_token(headers.get("authorization", ""))
+    if token is None:
+        token = headers.get("x-api-key", "").strip() or None
+    return token
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    return error_response(validation_error_to_api_error(exc.errors()))
+def error_response(err: APIError, path: str = "") -> JSONResponse:
+    """The error as the API served on `path` writes it."""
+    status, body = error_body(err, path)
+    return JSONResponse(body, status_code=status, headers=err.headers)
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc, request.url.path)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_response(validation_error_to_api_error(exc.errors()), request.url.path)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     err_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     err = APIError(exc.status_code, str(exc.detail), err_type, None, code, dict(exc.headers or {}))
-    return error_response(err)
+    return error_response(err, request.url.path)
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(internal_error())
+    return error_response(internal_error(), request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -68,9 +90,10 @@ class BodySizeLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
+        path = scope.get("path", "")
         if declared is not None and declared > self.max_body_bytes:
             drained = await self._drain(receive, 0)
-            await self._send_413(send, close=not drained)
+            await self._send_413(send, path, close=not drained)
             return
         received = 0
         too_large = False
@@ -93,7 +116,7 @@ class BodySizeLimitMiddleware:
             if not too_large:
                 await send(message)
             elif message["type"] == "http.response.start":
-                await self._send_413(send, close=not drained)
+                await self._send_413(send, path, close=not drained)
 
         await self.app(scope, limited_receive, guarded_send)
 
@@ -109,8 +132,9 @@ class BodySizeLimitMiddleware:
                 return True
         return False
 
-    async def _send_413(self, send: Send, close: bool) -> None:
-        body = json.dumps(payload_too_large(self.max_body_bytes).to_dict()).encode()
+    async def _send_413(self, send: Send, path: str, close: bool) -> None:
+        _, error = error_body(payload_too_large(self.max_body_bytes), path)
+        body = json.dumps(error).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if close:
             headers.append((b"connection", b"close"))

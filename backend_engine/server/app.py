@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from backend_engine.server import (chat, completions, info_routes, kv_routes, kv_zmq_events,
-                                   model_routes, ops_routes, pin_routes, responses, tokenize_routes)
+                                   messages, model_routes, ops_routes, pin_routes, responses,
+                                   tokenize_routes)
 from backend_engine.server.metrics import HTTPMetricsMiddleware, ServerMetrics
 from backend_engine.server.settings import ServerSettings
 from backend_engine.server.state import ServerState
+from protocol.anthropic import CountTokensRequest, MessagesRequest
 from protocol.chat import ChatCompletionRequest
 from protocol.completions import CompletionRequest
 from protocol.http import BodySizeLimitMiddleware, install_error_handlers
@@ -53,11 +55,12 @@ def create_app(settings: ServerSettings, engine_factory: Callable[[], "AsyncLLME
     app.state.server = state
     app.state.metrics = metrics
     install_error_handlers(app)
-    for module in (chat, completions, responses, model_routes, tokenize_routes, ops_routes, kv_routes,
+    for module in (chat, completions, responses, messages, model_routes, tokenize_routes, ops_routes, kv_routes,
                    pin_routes, info_routes):
         app.include_router(module.router)
     document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
-                          "/v1/responses": ResponsesRequest,
+                          "/v1/responses": ResponsesRequest, "/v1/messages": MessagesRequest,
+                          "/v1/messages/count_tokens": CountTokensRequest,
                           "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
     # Outermost first: count every response, then refuse oversized bodies before anything reads them.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)

@@ -46,9 +46,17 @@ def with_plan(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
 
 
 def render_prompt(engine, req: ChatCompletionRequest, param: str = "messages") -> list[int]:  # noqa: ANN001
+    """The conversation (tools included) through the model's chat template, as token ids that
+    leave room for the requested completion."""
+    prompt = render_tokens(engine, req)
+    check_context_length(len(prompt), req.max_output_tokens, engine.max_model_len, param)
+    return prompt
+
+
+def render_tokens(engine, req: ChatCompletionRequest) -> list[int]:  # noqa: ANN001
     """The conversation (tools included) through the model's chat template, as token ids."""
     try:
-        prompt = engine.render_chat(
+        return engine.render_chat(
             req.template_messages(),
             add_generation_prompt=req.add_generation_prompt is not False,
             chat_template_kwargs=req.chat_template_kwargs,
@@ -57,8 +65,6 @@ def render_prompt(engine, req: ChatCompletionRequest, param: str = "messages") -
         )
     except InvalidRequestError as exc:
         raise engine_error_to_api(exc) from None
-    check_context_length(len(prompt), req.max_output_tokens, engine.max_model_len, param)
-    return prompt
 
 
 @router.post("/v1/chat/completions")

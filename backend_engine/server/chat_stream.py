@@ -51,14 +51,22 @@ async def chat_stream(meta: ResponseMeta, started: list[Started], n: int, num_to
                       include_usage: bool, continuous_usage: bool, plan: ToolPlan
                       ) -> AsyncIterator[bytes]:
     dump = {} if include_usage else {"exclude": {"usage"}}
+    async for chunk in chat_chunks(meta, started, n, num_top, include_usage, continuous_usage, plan):
+        yield sse_data(chunk, **dump)
+    yield DONE
+
+
+async def chat_chunks(meta: ResponseMeta, started: list[Started], n: int, num_top: int | None,
+                      include_usage: bool, continuous_usage: bool, plan: ToolPlan
+                      ) -> AsyncIterator[ChatCompletionChunk]:
+    """The stream's chunks as objects (the Messages API translates them into its events)."""
     usage: Usage | None = None
 
-    def chunk(choices: list[ChatChunkChoice], final_usage: Usage | None = None) -> bytes:
-        c = ChatCompletionChunk(
+    def chunk(choices: list[ChatChunkChoice], final_usage: Usage | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
             id=meta.id, created=meta.created, model=meta.model,
             system_fingerprint=meta.system_fingerprint, choices=choices,
             usage=final_usage or (usage if continuous_usage else None))
-        return sse_data(c, **dump)
 
     for index in range(n):
         yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
@@ -87,7 +95,6 @@ async def chat_stream(meta: ResponseMeta, started: list[Started], n: int, num_to
                     stop_reason=c.stop_reason)])
     if include_usage and usage is not None:
         yield chunk([], usage)
-    yield DONE
 
 
 def usage_of(out) -> Usage:  # noqa: ANN001 - RequestOutput

@@ -28,10 +28,11 @@ from backend_engine.server.generation import (
 )
 from backend_engine.server.sampling import engine_error_to_api
 from backend_engine.server.state import ServerState
+from protocol.anthropic_errors import stream_error
 from protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
 from protocol.errors import APIError, service_unavailable
 from protocol.kv_transfer import KVTransferParams
-from protocol.sse import DONE, EventStreamResponse, sse_error
+from protocol.sse import EventStreamResponse
 
 logger = logging.getLogger(__name__)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,256}$")
@@ -129,7 +130,8 @@ async def serve_generation(
             await close_all(started)
             release()
 
-        return EventStreamResponse(_guarded(render_stream(started), state), headers=headers, on_close=on_close)
+        return EventStreamResponse(_guarded(render_stream(started), state, request.url.path), headers=headers,
+                                   on_close=on_close)
 
     try:
         finals = await unless_disconnected(request, final_outputs(started))
@@ -144,14 +146,13 @@ async def serve_generation(
     return JSONResponse(render_final(finals).model_dump(mode="json"), headers=headers)
 
 
-async def _guarded(body: AsyncIterator[bytes], state: ServerState) -> AsyncIterator[bytes]:
-    """After the headers went out an error is one `data: {"error": …}` event, then `[DONE]`."""
+async def _guarded(body: AsyncIterator[bytes], state: ServerState, path: str) -> AsyncIterator[bytes]:
+    """After the headers went out an error is one error event (then `[DONE]` for OpenAI's APIs)."""
     try:
         async for chunk in body:
             yield chunk
     except Exception as exc:
-        yield sse_error(_to_api_error(state, exc))
-        yield DONE
+        yield stream_error(_to_api_error(state, exc), path)
 
 
 def _to_api_error(state: ServerState, exc: Exception) -> APIError:

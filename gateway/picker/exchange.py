@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 
-from gateway.admission import ENDPOINTS, admit
-from gateway.auth import bearer_token
+from gateway.admission import COUNT_TOKENS_PATH, ENDPOINTS, admit, count_tokens
 from gateway.config import ApiKey
 from gateway.forward import (REPLICA_HEADER, RoutedRequest, _exclusions, _finish_request,
                              _keep_lease, _note_failure, _observe_usage, _record, _release)
@@ -27,6 +26,7 @@ from gateway.stats import DecisionRecord
 from gateway.upstream import UsageScanner, usage_of
 from protocol.disconnect import CLIENT_CLOSED_REQUEST
 from protocol.errors import APIError, bad_request, model_not_found, not_found, service_unavailable
+from protocol.http import api_key_of
 from protocol.model_list import ModelCard, ModelList
 from routing.policies import Decision, NoReplicaAvailable
 
@@ -74,7 +74,7 @@ class Exchange:
             if phase == "response_body":
                 return await self._response_body(request.response_body)
         except APIError as error:
-            return gie.error_response(error)
+            return gie.error_response(error, self.path)
         return ext_proc.ProcessingResponse(**{phase: ext_proc.TrailersResponse()})
 
     # -- request ---------------------------------------------------------------------------
@@ -87,8 +87,8 @@ class Exchange:
                            "server_error", None, "bad_subset_hint") from None
         self.path = self.headers.get(":path", "").split("?", 1)[0]
         method = self.headers.get(":method", "")
-        self.key = await self.state.keys.user_token(bearer_token(self.headers.get("authorization", "")))
-        if self.path in ENDPOINTS and method == "POST":
+        self.key = await self.state.keys.user_token(api_key_of(self.headers))
+        if (self.path in ENDPOINTS or self.path == COUNT_TOKENS_PATH) and method == "POST":
             if request.request_headers.end_of_stream:
                 raise bad_request("The request body is empty; send a JSON object.")
             # A destination the client names itself is never used: only the picker's counts.
@@ -109,6 +109,9 @@ class Exchange:
             raise APIError(500, "The endpoint picker needs the whole request body "
                                 "(request_body_mode: BUFFERED).", "server_error", None,
                            "picker_misconfigured")
+        if self.path == COUNT_TOKENS_PATH:  # answered here, as the gateway does
+            counted = await count_tokens(self.state, body.body)
+            return gie.immediate(200, counted.model_dump_json().encode())
         routed = await admit(self.state, self.key, body.body, self.path, self.headers, self.started)
         picked = await self._pick(routed)
         endpoint = await self.endpoints.of(picked.replica.url)

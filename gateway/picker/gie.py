@@ -4,6 +4,7 @@ proxy's subset hint, and errors as immediate responses in OpenAI's format."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
@@ -11,6 +12,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
+from protocol.anthropic_errors import error_body
 from protocol.errors import APIError
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -95,7 +97,9 @@ def immediate(status: int, body: bytes, headers: dict[str, str] | None = None,
         headers=_mutation({"content-type": "application/json", **(headers or {})})))
 
 
-def error_response(error: APIError) -> ext_proc.ProcessingResponse:
-    """An APIError as the client would get it from the gateway: OpenAI's error object."""
-    return immediate(error.status_code, error.to_response().model_dump_json().encode(),
-                     dict(error.headers or {}), details=error.code or error.type)
+def error_response(error: APIError, path: str = "") -> ext_proc.ProcessingResponse:
+    """An APIError as the client would get it from the gateway on `path`: OpenAI's error
+    object, or Anthropic's on the Messages API."""
+    status, body = error_body(error, path)
+    return immediate(status, json.dumps(body).encode(), dict(error.headers or {}),
+                     details=error.code or error.type)

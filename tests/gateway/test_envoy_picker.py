@@ -125,6 +125,31 @@ def test_refusals_are_openai_errors(cluster):
     assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == [procs.MODEL]
 
 
+def test_messages_api_is_routed_with_anthropic_errors(cluster):
+    _, picker, closed, _ = cluster
+    body = {"model": procs.MODEL, "max_tokens": 2, "system": procs.long_system_prompt("juliet"),
+            "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"x-api-key": KEY}
+    first = httpx.post(closed.url + "/v1/messages", json=body, headers=headers, timeout=60)
+    assert first.status_code == 200, first.text
+    again = httpx.post(closed.url + "/v1/messages", json=body, headers=headers, timeout=60)
+    assert again.headers["x-kvgate-replica"] == first.headers["x-kvgate-replica"]
+    cached = again.json()["usage"]["cache_read_input_tokens"]
+    assert cached >= 192
+    assert procs.wait_until(lambda: decisions(picker, 1)[0]["engine_cached_tokens"] == cached)
+    assert decisions(picker, 1)[0]["endpoint"] == "messages"
+    counted = httpx.post(closed.url + "/v1/messages/count_tokens", headers=headers, timeout=10,
+                         json={k: body[k] for k in ("model", "system", "messages")})
+    usage = again.json()["usage"]
+    assert counted.json()["input_tokens"] == usage["input_tokens"] + cached
+    for r, status, kind in (
+            (httpx.post(closed.url + "/v1/messages", json=body, timeout=10), 401,
+             "authentication_error"),
+            (httpx.post(closed.url + "/v1/messages", json={**body, "model": "nope"},
+                        headers=headers, timeout=10), 404, "not_found_error")):
+        assert r.status_code == status and r.json()["error"]["type"] == kind
+
+
 def test_client_sent_destination_is_ignored(cluster):
     replicas, _, closed, _ = cluster
     elsewhere = f"127.0.0.1:{procs.free_port()}"  # nothing listens there

@@ -57,6 +57,16 @@ def test_usage_scanner_finds_usage_split_across_chunks():
         assert (scanner.usage.prompt_tokens, scanner.usage.cached_tokens) == (40, 32)
 
 
+def test_gateway_reads_the_whole_prompt_from_messages_usage():
+    scanner = UsageScanner()
+    start = {"type": "message_start", "message": {"usage": {
+        "input_tokens": 8, "output_tokens": 0, "cache_read_input_tokens": 32}}}
+    delta = {"type": "message_delta", "usage": {"output_tokens": 5}}  # as vLLM sends it
+    for name, payload in (("message_start", start), ("message_delta", delta)):
+        scanner.feed(f"event: {name}\ndata: {json.dumps(payload)}\n\n".encode())
+    assert (scanner.usage.prompt_tokens, scanner.usage.cached_tokens) == (40, 32)
+
+
 def test_tenant_salts_never_collide():
     alice, bob = ApiKey("a", "alice", isolate_cache=True), ApiKey("b", "bob", isolate_cache=True)
     shared = ApiKey("c", "carol")
