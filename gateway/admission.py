@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from gateway.config import ApiKey
 from gateway.forward import RoutedRequest
+from gateway.resumable import resumable
 from gateway.priority import effective_priority
 from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
@@ -141,10 +142,14 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
             {"chat": "messages", "responses": "input"}.get(endpoint, "prompt"))
     await _check_rate(state, key, len(tokens) + max_out * (req.n or 1))
     _advise(state, key, req.model, tokens, salt)
-    namespace_model = serving[0].namespace_model or req.model
-    hashes = block_hashes(tokens, namespace_for(namespace_model, salt), state.router.block_size)
+    namespace = namespace_for(serving[0].namespace_model or req.model, salt)
+    hashes = block_hashes(tokens, namespace, state.router.block_size)
     request_id = req.request_id or headers.get("x-request-id") or uuid.uuid4().hex
+    single_prompt = not isinstance(req, CompletionRequest) or len(req.prompts()) == 1
+    migrates = resumable(endpoint, {**data, **changes}, req.n or 1, single_prompt, bool(req.stream),
+                         req.include_usage) if state.config.migration_limit > 0 else None
     return RoutedRequest(request_id, endpoint, path, body, forwarded_headers(headers),
                          req.model, bool(req.stream), hashes, len(tokens), started, priority,
-                         single_prompt=not isinstance(req, CompletionRequest) or len(req.prompts()) == 1,
-                         features=features)
+                         single_prompt=single_prompt, features=features,
+                         prompt_token_ids=tokens if migrates is not None else [],
+                         namespace=namespace, resumable=migrates)

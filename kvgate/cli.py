@@ -114,6 +114,12 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
                         "(default 1024; 0: pass the 503 on)")
     p.add_argument("--max-queue-wait-s", type=float, default=None,
                    help="the longest a request waits there before a 503 (default 600)")
+    p.add_argument("--migration-limit", type=int, default=None,
+                   help="times a stream whose replica fails mid-way is continued on another replica "
+                        "from the tokens already sent (default 1; 0: end it with an error event)")
+    p.add_argument("--stream-stall-timeout-s", type=float, default=None,
+                   help="a stream with no bytes for this long has failed and migrates (default 30; "
+                        "0: wait up to read_timeout_s)")
     p.add_argument("--replica-engine", action="append", default=[], metavar="URL=ENGINE",
                    help="a foreign replica's engine (vllm, sglang, other): what it serves beyond plain "
                         "generation (structured outputs, tools, /v1/responses); kvgate replicas say it themselves")

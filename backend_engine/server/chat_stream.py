@@ -86,7 +86,7 @@ async def chat_stream(meta: ResponseMeta, started: list[Started], n: int, num_to
                 resumed = False
                 states[c.index].prime(c.text[:len(c.text) - len(c.delta_text)])
             choices = list(_choices(states[c.index], c, num_top))
-            if token_ids and c.delta_token_ids:
+            if token_ids and (choices or c.delta_token_ids):
                 if not choices:
                     choices.append(ChatChunkChoice(index=c.index, delta=DeltaMessage(content="")))
                 choices[-1].token_ids = list(c.delta_token_ids)

@@ -140,7 +140,7 @@ async def completion_stream(view: _View, started: list[Started], include_usage: 
                 finished.add(index)
                 choices.append(CompletionChoice(index=index, text="", finish_reason=c.finish_reason,
                                                 stop_reason=c.stop_reason))
-            if view.token_ids and c.delta_token_ids:
+            if view.token_ids and (choices or c.delta_token_ids):
                 if not choices:
                     choices.append(CompletionChoice(index=index, text=""))
                 choices[-1].token_ids = list(c.delta_token_ids)
