@@ -146,8 +146,10 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
     hashes = block_hashes(tokens, namespace, state.router.block_size)
     request_id = req.request_id or headers.get("x-request-id") or uuid.uuid4().hex
     single_prompt = not isinstance(req, CompletionRequest) or len(req.prompts()) == 1
-    migrates = resumable(endpoint, {**data, **changes}, req.n or 1, single_prompt, bool(req.stream),
-                         req.include_usage) if state.config.migration_limit > 0 else None
+    migrates = None
+    if state.config.migration_limit > 0 and isinstance(req, (ChatCompletionRequest, CompletionRequest)):
+        migrates = resumable({**data, **changes}, req.n or 1, single_prompt, bool(req.stream),
+                             req.include_usage)
     return RoutedRequest(request_id, endpoint, path, body, forwarded_headers(headers),
                          req.model, bool(req.stream), hashes, len(tokens), started, priority,
                          single_prompt=single_prompt, features=features,

@@ -24,10 +24,10 @@ class Resumable:
         return _dump({**self.data, "return_token_ids": True, "resume_token_ids": token_ids})
 
 
-def resumable(endpoint: str, data: dict, n: int, single_prompt: bool, stream: bool,
+def resumable(data: dict, n: int, single_prompt: bool, stream: bool,
               include_usage: bool) -> Resumable | None:
-    if endpoint not in ("chat", "completions") or not stream or n != 1 or not single_prompt \
-            or data.get("resume_token_ids") is not None:
+    """A chat or completions request's migration, when it may have one."""
+    if not stream or n != 1 or not single_prompt or data.get("resume_token_ids") is not None:
         return None
     return Resumable(data, include_usage, bool(data.get("return_token_ids")))
 

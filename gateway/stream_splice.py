@@ -82,6 +82,8 @@ class StreamSplice:
         self.token_ids += choice["token_ids"] or []
         if not self.keep_token_ids:
             del choice["token_ids"]
+            if _carries_nothing(choice):  # only there for its ids: the client never sees it
+                return self._flush()
             rewrite = True
         event = self._dump(payload) if rewrite else raw + b"\n\n"
         return [*self._flush(), event]
@@ -106,3 +108,10 @@ class StreamSplice:
         if not self.done:
             out.append(DONE)
         return out
+
+
+def _carries_nothing(choice: dict) -> bool:
+    """A chunk a replica sends only to carry the ids of tokens whose text it holds back."""
+    delta = choice.get("delta")
+    empty = delta == {"content": ""} if delta is not None else choice.get("text") == ""
+    return empty and not choice.get("finish_reason") and not choice.get("logprobs")

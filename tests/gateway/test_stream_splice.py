@@ -68,3 +68,10 @@ def test_a_stream_broken_after_its_finish_is_closed_with_the_usage_the_gateway_c
     closing = decoded(splice.closing_events())
     assert closing[0]["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
     assert closing[0]["id"] == "a" and closing[0]["choices"] == [] and closing[1] == DONE.decode()
+
+
+def test_a_chunk_that_only_carries_ids_is_not_passed_on():
+    splice = StreamSplice(keep_token_ids=False, include_usage=False, prompt_tokens=5)
+    assert splice.feed(chunk("a", "", [9])) == [] and splice.token_ids == [9]
+    kept = StreamSplice(keep_token_ids=True, include_usage=False, prompt_tokens=5)
+    assert len(kept.feed(chunk("a", "", [9]))) == 1
