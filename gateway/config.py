@@ -37,7 +37,7 @@ class GatewayConfig:
     port: int = 8080  # TCP port to listen on
     redis_url: str | None = None  # share routing state, keys, rate limits and pins through Redis
     policy: str = "prefix_cost"  # a name in routing.policies.REGISTRY (prefix_cost, round_robin, …)
-    admin_key: str | None = None  # bearer key for /admin and /admin/api; None: generated and logged
+    admin_key: str | None = None  # bearer key for /admin and /admin/api; None: generated (file logged)
     api_keys: list[ApiKey] = field(default_factory=list)  # user keys for /v1/*; none anywhere: open
     isolate_cache_by_key: bool = False  # default for keys that do not say
     redis_keys: bool = False  # also accept keys stored in Redis (hash kvgate:keys)
