@@ -267,8 +267,12 @@ def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> R
     async def first_byte() -> None:
         await _first_byte(state, routed, leg.decision, leg.record)
 
+    def record(cause: str, outcome: str) -> None:
+        state.metrics.migrations.labels(cause, outcome).inc()
+        state.stats.record_migration(cause, outcome)
+
     migration = Migration(splice, leg, state.config.migration_limit,
-                          state.config.stream_stall_timeout_s, state.metrics, open_continuation,
+                          state.config.stream_stall_timeout_s, record, open_continuation,
                           lambda failed, why: _close_leg(state, routed, failed, why), first_byte)
 
     async def on_close() -> None:

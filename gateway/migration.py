@@ -20,7 +20,6 @@ from protocol.sse import DONE, sse_error
 
 if TYPE_CHECKING:
     from gateway.attempts import Leg
-    from gateway.metrics import GatewayMetrics
 
 CAUSES = ("disconnect", "error", "drain", "down", "stall")
 
@@ -64,7 +63,7 @@ class Migration:
     current: Leg | None
     limit: int
     stall_s: float
-    metrics: GatewayMetrics
+    record: Callable[[str, str], None]  # (cause, outcome): metrics and the dashboard's stats
     open_continuation: Callable[[list[int], set[str], int], Awaitable[Leg | str]]
     close_failed: Callable[[Leg, str], Awaitable[None]]
     on_first_byte: Callable[[], Awaitable[None]]
@@ -96,21 +95,21 @@ class Migration:
             self.current = None
             await self.close_failed(leg, detail)
             if self.splice.finished:  # only its end was lost: finish it here
-                self.metrics.migrations.labels(cause, "not_needed").inc()
+                self.record(cause, "not_needed")
                 for event in self.splice.closing_events():
                     yield event
                 return
             if migrations >= self.limit:
-                self.metrics.migrations.labels(cause, "limit_reached").inc()
+                self.record(cause, "limit_reached")
                 yield _broken(f"the migration limit ({self.limit}) is reached")
                 return
             opened = await self.open_continuation(self.splice.token_ids, tried, migrations + 1)
             if isinstance(opened, str):
-                self.metrics.migrations.labels(cause, "no_replica").inc()
+                self.record(cause, "no_replica")
                 yield _broken(opened)
                 return
             migrations += 1
-            self.metrics.migrations.labels(cause, "continued").inc()
+            self.record(cause, "continued")
             self.splice.next_leg()
             self.current = opened
 

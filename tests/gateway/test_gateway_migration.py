@@ -172,6 +172,8 @@ def test_killed_replica_streams_continue_exactly(replicas, gateways):
     clients = run_with_fault(gw, payloads, kill)
     assert_exact(clients, expected)
     assert migrations(gw, "disconnect") + migrations(gw, "down") > before
+    continued = procs.admin(gw, "/summary").json()["migrations"]["continued"]  # the dashboard's
+    assert continued.get("disconnect", 0) + continued.get("down", 0) > before
     killed[0].start()
     for g in gateways.values():
         wait_routable(g, killed[0])
