@@ -118,3 +118,12 @@ def _finish_request(state: GatewayState, routed: RoutedRequest, replica: Replica
     replica.counts.requests += 1
     state.stats.record_request(replica.name, ok)
     state.metrics.requests.labels(routed.endpoint, replica.name, str(record.status)).inc()
+
+
+async def _first_byte(state: GatewayState, routed: RoutedRequest, decision: Decision,
+                      record: DecisionRecord) -> None:
+    record.ttft_s = time.perf_counter() - routed.started
+    state.metrics.ttft.observe(record.ttft_s)
+    state.stats.record_ttft(record.ttft_s)
+    state.priorities.record_ttft(routed.priority, record.ttft_s)
+    await state.shared.first_token(decision.request_id)

@@ -19,7 +19,8 @@ import httpx
 from starlette.responses import Response
 
 from gateway.attempts import (Leg, RoutedRequest, _all_failed, _finish_request,  # noqa: F401
-                              _keep_lease, _note_failure, _observe_usage, _record, _release)
+                              _first_byte, _keep_lease, _note_failure, _observe_usage, _record,
+                              _release)
 from gateway.migration import Interrupted, Migration, next_chunk
 from gateway.overload_queue import QueueFull, QueueTimeout
 from gateway.replicas import Replica, role_exclusions
@@ -234,15 +235,6 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
     return EventStreamResponse(relay(), headers={REPLICA_HEADER: replica.name}, on_close=on_close)
 
 
-async def _first_byte(state: GatewayState, routed: RoutedRequest, decision: Decision,
-                      record: DecisionRecord) -> None:
-    record.ttft_s = time.perf_counter() - routed.started
-    state.metrics.ttft.observe(record.ttft_s)
-    state.stats.record_ttft(record.ttft_s)
-    state.priorities.record_ttft(routed.priority, record.ttft_s)
-    await state.shared.first_token(decision.request_id)
-
-
 def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> Response:
     resumable = routed.resumable
     splice = StreamSplice(resumable.keep_token_ids, resumable.include_usage, routed.prompt_tokens)
@@ -264,8 +256,11 @@ def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> R
             return f"its continuation was refused ({opened.upstream.status_code})"
         return opened
 
-    async def first_byte() -> None:
-        await _first_byte(state, routed, leg.decision, leg.record)
+    async def first_byte(of: Leg) -> None:
+        if of is leg:  # the client's time to first token
+            await _first_byte(state, routed, leg.decision, leg.record)
+        else:  # a continuation: past its prefill, as the router counts load
+            await state.shared.first_token(of.decision.request_id)
 
     def record(cause: str, outcome: str) -> None:
         state.metrics.migrations.labels(cause, outcome).inc()

@@ -35,8 +35,13 @@ async def next_chunk(chunks: AsyncIterator[bytes], notice: asyncio.Future,
     """The replica's next bytes (None at the end), or Interrupted: no bytes for `stall_s`
     (0: no limit), or `notice` resolved with a cause (the health checks' news of the replica)."""
     read = asyncio.ensure_future(chunks.__anext__())
-    done, _ = await asyncio.wait((read, notice), timeout=stall_s or None,
-                                 return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait((read, notice), timeout=stall_s or None,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled: the client left
+        read.cancel()
+        await asyncio.gather(read, return_exceptions=True)
+        raise
     if read in done:
         try:
             return read.result()
@@ -66,16 +71,17 @@ class Migration:
     record: Callable[[str, str], None]  # (cause, outcome): metrics and the dashboard's stats
     open_continuation: Callable[[list[int], set[str], int], Awaitable[Leg | str]]
     close_failed: Callable[[Leg, str], Awaitable[None]]
-    on_first_byte: Callable[[], Awaitable[None]]
+    on_first_byte: Callable[[Leg], Awaitable[None]]  # each leg's
 
     async def relay(self) -> AsyncIterator[bytes]:
         tried: set[str] = set()
-        migrations, first = 0, True
+        migrations = 0
         while True:
             leg = self.current
             tried.add(leg.replica.name)
             notice = leg.replica.watch_stream()
             chunks = leg.upstream.aiter_raw()
+            first = True
             try:
                 while not self.splice.done:
                     data = await next_chunk(chunks, notice, self.stall_s)
@@ -83,7 +89,7 @@ class Migration:
                         raise httpx.RemoteProtocolError("the stream ended before [DONE]")
                     if first:
                         first = False
-                        await self.on_first_byte()
+                        await self.on_first_byte(leg)
                     for event in self.splice.feed(data):
                         yield event
                 return

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 import yaml
 
+from benchmarks.reliability.migration import StreamRead, run_streams
 from tests.gateway import procs
 
 pytestmark = pytest.mark.timeout(300)
@@ -65,72 +64,17 @@ def body(i: int, endpoint: str = "chat", **extra) -> dict:
     return {**common, "prompt": f"story number {i}"}
 
 
-class Client:
-    """One streaming client: what it read, and when."""
-
-    def __init__(self, gw: procs.Proc, payload: dict, path: str = "/v1/chat/completions") -> None:
-        self.gw, self.payload, self.path = gw, payload, path
-        self.events: list[dict] = []
-        self.times: list[float] = []
-        self.replica = ""
-        self.started = threading.Event()
-
-    def run(self) -> "Client":
-        with httpx.stream("POST", self.gw.url + self.path, json=self.payload, timeout=120) as r:
-            assert r.status_code == 200, r.read()
-            self.replica = r.headers["x-kvgate-replica"]
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    self.events.append(json.loads(line[6:]))
-                    self.times.append(time.monotonic())
-                    if sum(1 for e in self.events if e.get("choices")) >= 6:
-                        self.started.set()
-        self.started.set()
-        return self
-
-    @property
-    def text(self) -> str:
-        return "".join((c.get("delta") or {}).get("content") or c.get("text") or ""
-                       for e in self.events for c in e.get("choices") or [])
-
-    @property
-    def finishes(self) -> list[str]:
-        return [c["finish_reason"] for e in self.events for c in e.get("choices") or []
-                if c.get("finish_reason")]
-
-    @property
-    def error(self) -> dict | None:
-        return next((e["error"] for e in self.events if "error" in e), None)
-
-    @property
-    def usage(self) -> dict:
-        return self.events[-1]["usage"]
-
-
-def path_of(payload: dict) -> str:
-    return "/v1/chat/completions" if "messages" in payload else "/v1/completions"
-
-
 def reference(gw: procs.Proc, payloads: list[dict]) -> list[str]:
-    with ThreadPoolExecutor(len(payloads)) as pool:
-        return [c.text for c in pool.map(lambda p: Client(gw, p, path_of(p)).run(), payloads)]
+    return [r.answer()["text"] for r in run_streams([(gw.url, p) for p in payloads])]
 
 
-def run_with_fault(gw: procs.Proc, payloads: list[dict], fault):
-    """Start every stream, wait until each has text flowing, apply `fault(clients)`, finish."""
-    clients = [Client(gw, p, path_of(p)) for p in payloads]
-    with ThreadPoolExecutor(len(clients)) as pool:
-        futures = [pool.submit(c.run) for c in clients]
-        for c in clients:
-            assert c.started.wait(60)
-        fault(clients)
-        for f in futures:
-            f.result()
-    return clients
+def run_with_fault(gw: procs.Proc, payloads: list[dict], fault) -> list[StreamRead]:
+    """Start every stream, wait until each has text flowing, apply `fault(reads)`, finish."""
+    return run_streams([(gw.url, p) for p in payloads], fault)
 
 
-def victim_of(replicas, clients) -> procs.Proc:
-    names = [c.replica for c in clients if not c.finishes]
+def victim_of(replicas, reads: list[StreamRead]) -> procs.Proc:
+    names = [r.replica for r in reads if not r.answer()["finishes"]]
     busiest = max(set(names), key=names.count)
     return next(r for r in replicas if r.url == "http://" + busiest)
 
@@ -146,8 +90,8 @@ def migrations(gw: procs.Proc, cause: str, outcome: str = "continued") -> float:
 def assert_exact(clients, expected: list[str]) -> None:
     for c, text in zip(clients, expected):
         assert c.error is None, c.error
-        assert c.text == text
-        assert c.finishes == ["length"]
+        assert c.answer()["text"] == text
+        assert c.answer()["finishes"] == ["length"]
         assert c.usage["completion_tokens"] == MAX_TOKENS
         assert c.usage["total_tokens"] == c.usage["prompt_tokens"] + MAX_TOKENS
 
@@ -227,7 +171,7 @@ def test_past_the_migration_limit_the_client_gets_an_error_event(replicas, gatew
     error = clients[0].error
     assert error is not None and error["code"] == "upstream_error" and error["type"] == "server_error"
     assert "migration limit (1)" in error["message"]
-    assert not clients[0].finishes and clients[0].events[-1] == {"error": error}
+    assert not clients[0].answer()["finishes"] and clients[0].events[-1] == {"error": error}
     assert migrations(gw, "stall", "limit_reached") == 1
 
 
