@@ -168,6 +168,15 @@ class LLMEngine:
                                       f"{bad_bias[:5]}", param="logit_bias", code="invalid_value")
         if params.structured_outputs is not None:
             self.structured.validate(params.structured_outputs)
+        resumed = params.resume_token_ids
+        if resumed and (params.n != 1 or any(not 0 <= t < vocab for t in resumed)):
+            raise InvalidRequestError(f"resume_token_ids continue one sample (n=1) with token ids "
+                                      f"in [0, {vocab})", param="resume_token_ids",
+                                      code="invalid_value")
+        if resumed and n + len(resumed) >= self.max_model_len:
+            raise ContextLengthExceededError(
+                f"the prompt ({n} tokens) and resume_token_ids ({len(resumed)}) leave no room in "
+                f"this model's context of {self.max_model_len} tokens")
         room = self.max_model_len - n
         if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
             asked = n + (params.max_tokens or 1)
@@ -218,6 +227,10 @@ class LLMEngine:
             for seq, reason in self.outputs.resume(state, kv_transfer):
                 self._finish(seq, reason, seq.first_token_time)
             self._resumed.append(state)
+        elif params.resume_token_ids:  # a migrated stream: what the client already has
+            for seq, reason in self.outputs.replay(state, params.resume_token_ids):
+                self._finish(seq, reason, time.monotonic())
+                self._resumed.append(state)  # its end (and any held-back text) goes out now
         live = [seq for seq in seqs if not seq.is_finished]
         if live and params.structured_outputs is not None:  # scheduled once its grammar compiles
             self.structured.add_request(request_id, params.structured_outputs, live)

@@ -81,6 +81,23 @@ class OutputProcessor:
                 ended.append((seq, reason))
         return ended
 
+    def replay(self, state: RequestState, token_ids: list[int]) -> list[tuple[Sequence, StopReason]]:
+        """Append output tokens another replica generated (and streamed) as if sampled here:
+        the detokenizer, stop strings and length limit see them, and the text the other replica
+        had already handed out is marked as handed out, so the stream goes on where it broke."""
+        ended = []
+        for seq in state.seqs:
+            for token in token_ids:
+                reason = self.append_token(state, seq, token, None)
+                if reason is not None:
+                    ended.append((seq, reason))
+                    break
+            out, detok = state.outputs[seq.index], state.detoks[seq.index]
+            out.token_ids = list(seq.output_token_ids)
+            detok.take_delta(False)  # what the other replica had streamed of this text
+            out.text = detok.text[:detok.emitted]
+        return ended
+
     def _stop_reason(self, state: RequestState, seq: Sequence, token: int) -> StopReason | None:
         p = seq.params
         past_min = seq.num_output_tokens >= p.min_tokens

@@ -33,6 +33,9 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs per sampled token (0: just the token's)
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None  # constrained decoding
+    # output tokens generated elsewhere (a migrated stream): replayed as if sampled here, then
+    # generation goes on; they count against max_tokens and in the usage's completion tokens
+    resume_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

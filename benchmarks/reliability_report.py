@@ -1,4 +1,5 @@
-"""Reliability and security report: the fault scenarios, bad input, schema fuzzing, the security
+"""Reliability and security report: the fault scenarios (mid-stream migration among them: 50
+concurrent streams with a replica killed, hung or drained), bad input, schema fuzzing, the security
 checks and a soak at moderate load, on local clusters of tiny-model replicas (2 replicas,
 2 gateways and Redis for the faults and the soak). Prints a table, then one line of JSON:
 {"requests_lost", "scenarios_passed", "scenarios_total", "fuzz_5xx", "rss_growth_mb"}.
@@ -21,6 +22,7 @@ from benchmarks.reliability import pool_exhaustion
 from benchmarks.reliability.bad_input import bad_input
 from benchmarks.reliability.cluster import MAX_BODY_BYTES, ClusterSpec, LocalCluster
 from benchmarks.reliability.fuzz import fuzz
+from benchmarks.reliability.migration import migration_limit, streams_migrate
 from benchmarks.reliability.replica_faults import replica_hung, replica_killed, replica_slow
 from benchmarks.reliability.result import ScenarioResult
 from benchmarks.reliability.security import security, secured_spec
@@ -58,6 +60,8 @@ def run_all(soak_s: float, fuzz_examples: int, say=print) -> list[ScenarioResult
     with LocalCluster(ClusterSpec()) as cluster:
         for scenario in (lambda: soak(cluster, soak_s), lambda: replica_killed(cluster),
                          lambda: replica_hung(cluster), lambda: replica_slow(cluster),
+                         lambda: streams_migrate(cluster, "kill"), lambda: streams_migrate(cluster, "hang"),
+                         lambda: streams_migrate(cluster, "drain"), lambda: migration_limit(cluster),
                          lambda: redis_restarted(cluster),
                          lambda: gateway_killed(cluster), lambda: client_disconnects(cluster),
                          lambda: bad_input(cluster.gateways[0].spec.url, cluster.replicas[0].spec.url,

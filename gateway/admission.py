@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from gateway.config import ApiKey
 from gateway.forward import RoutedRequest
+from gateway.resumable import resumable
 from gateway.priority import effective_priority
 from gateway.state import GatewayState
 from gateway.upstream import forwarded_headers
@@ -161,14 +162,19 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
             {"chat": "messages", "responses": "input", "messages": "messages"}.get(endpoint, "prompt"))
     await _check_rate(state, key, len(tokens) + max_out * (getattr(req, "n", None) or 1))
     _advise(state, key, req.model, tokens, salt)
-    namespace_model = serving[0].namespace_model or req.model
-    namespace = namespace_for(namespace_model, salt)
+    namespace = namespace_for(serving[0].namespace_model or req.model, salt)
     hashes = block_hashes(tokens, namespace, state.router.block_size)
     request_id = req.request_id or headers.get("x-request-id") or uuid.uuid4().hex
+    single_prompt = not isinstance(req, CompletionRequest) or len(req.prompts()) == 1
+    migrates = None
+    if state.config.migration_limit > 0 and isinstance(req, (ChatCompletionRequest, CompletionRequest)):
+        migrates = resumable({**data, **changes}, req.n or 1, single_prompt, bool(req.stream),
+                             req.include_usage)
     return RoutedRequest(request_id, endpoint, path, body, forwarded_headers(headers),
                          req.model, bool(req.stream), hashes, len(tokens), started, priority,
-                         single_prompt=not isinstance(req, CompletionRequest) or len(req.prompts()) == 1,
-                         features=features,
+                         single_prompt=single_prompt, features=features,
+                         prompt_token_ids=tokens if migrates is not None else [],
+                         namespace=namespace, resumable=migrates,
                          session_key=routing_hint(chat if endpoint == "messages" else req,
                                                   headers, namespace))
 

@@ -37,7 +37,7 @@ class GatewayConfig:
     port: int = 8080  # TCP port to listen on
     redis_url: str | None = None  # share routing state, keys, rate limits and pins through Redis
     policy: str = "prefix_cost"  # a name in routing.policies.REGISTRY (prefix_cost, round_robin, …)
-    admin_key: str | None = None  # bearer key for /admin and /admin/api; None: generated and logged
+    admin_key: str | None = None  # bearer key for /admin and /admin/api; None: generated (file logged)
     api_keys: list[ApiKey] = field(default_factory=list)  # user keys for /v1/*; none anywhere: open
     isolate_cache_by_key: bool = False  # default for keys that do not say
     redis_keys: bool = False  # also accept keys stored in Redis (hash kvgate:keys)
@@ -47,6 +47,8 @@ class GatewayConfig:
     # serves (structured outputs, tools, /v1/responses); unlisted replicas are asked (model cards)
     replica_engines: dict[str, str] = field(default_factory=dict)
     max_attempts: int = 3  # replicas tried per request before the first byte
+    migration_limit: int = 1  # continuations of one stream on other replicas after it broke; 0: none
+    stream_stall_timeout_s: float = 30.0  # a stream silent this long has failed (0: read_timeout_s)
     retry_backoff_s: float = 0.02  # base of the jittered backoff between attempts
     health_interval_s: float = 1.0  # seconds between GET /health of every replica
     failure_threshold: int = 3  # consecutive failures that open a replica's circuit
@@ -159,6 +161,8 @@ def validate(config: GatewayConfig) -> GatewayConfig:
             raise ConfigError(f"replica {url}: {exc}") from None
     if config.max_attempts < 1:
         raise ConfigError("max_attempts must be at least 1")
+    if config.migration_limit < 0 or config.stream_stall_timeout_s < 0:
+        raise ConfigError("migration_limit and stream_stall_timeout_s must not be negative")
     if config.lease_s <= 0:
         raise ConfigError("lease_s must be positive")
     if config.failure_threshold < 1:

@@ -1,12 +1,14 @@
 """Route, send, and fail over: each attempt asks the policy for the best replica not yet tried;
 a failure before the first byte books nothing and moves on after a jittered backoff; once bytes
-have reached the client, an upstream failure ends the stream with an OpenAI error event. A
-replica that refuses for load (503 engine_overloaded) is skipped without counting as a failure;
-when all refuse, the request waits in the gateway's overload queue (overload_queue.py)."""
+have reached the client, a stream from a kvgate replica migrates to another replica (migration.py)
+and any other ends with an OpenAI error event. A replica that refuses for load (503
+engine_overloaded) is skipped without counting as a failure; when all refuse, the request waits
+in the gateway's overload queue (overload_queue.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -16,35 +18,24 @@ from dataclasses import dataclass
 import httpx
 from starlette.responses import Response
 
+from gateway.attempts import (Leg, RoutedRequest, _all_failed, _finish_request,  # noqa: F401
+                              _first_byte, _keep_lease, _note_failure, _observe_usage, _record,
+                              _release)
+from gateway.migration import Interrupted, Migration, next_chunk
 from gateway.overload_queue import QueueFull, QueueTimeout
 from gateway.replicas import Replica, role_exclusions
 from gateway.state import GatewayState
 from gateway.stats import DecisionRecord
+from gateway.stream_splice import StreamSplice
 from gateway.upstream import UpstreamFailure, UsageScanner, open_until_down, usage_of
 from protocol.anthropic_errors import stream_error
 from protocol.errors import APIError, service_unavailable
+from protocol.features import RESUME
 from protocol.sse import EventStreamResponse
+from routing.hashing import block_hashes
 from routing.policies import Decision, NoReplicaAvailable
 
 REPLICA_HEADER = "x-kvgate-replica"
-
-
-@dataclass(slots=True)
-class RoutedRequest:
-    request_id: str
-    endpoint: str  # "chat" | "completions" | "responses" | "messages"
-    path: str
-    body: bytes
-    headers: dict[str, str]
-    model: str
-    stream: bool
-    hashes: list[int]
-    prompt_tokens: int
-    started: float  # perf_counter at arrival
-    priority: int = 0  # effective: the request's, else its key's default
-    single_prompt: bool = True  # False: a completions request with several prompts (no P/D)
-    features: frozenset[str] = frozenset()  # what a replica must serve (protocol/features.py)
-    session_key: str | None = None  # the client's routing hint (admission.routing_hint)
 
 
 def _exclusions(state: GatewayState, model: str, tried: set[str],
@@ -98,6 +89,27 @@ async def _forward_queued(state: GatewayState, routed: RoutedRequest,
 
 async def _attempts(state: GatewayState, routed: RoutedRequest,
                     tried: set[str] | None = None) -> Response | Overloaded:
+    opened = await _open(state, routed, tried)
+    if isinstance(opened, Overloaded):
+        return opened
+    if routed.stream and opened.upstream.status_code == 200:
+        if routed.resumable is not None and opened.replica.supports(frozenset({RESUME})) \
+                and state.config.migration_limit > 0:
+            return _migrating_stream(state, routed, opened)
+        return _stream(state, routed, opened.replica, opened.decision, opened.record,
+                       opened.upstream, opened.lease)
+    return await _buffered(state, routed, opened.replica, opened.decision, opened.record,
+                           opened.upstream, opened.lease)
+
+
+def _body_for(routed: RoutedRequest, replica: Replica) -> bytes:
+    if routed.resumable is not None and replica.supports(frozenset({RESUME})):
+        return routed.resumable.first_body()  # with token ids: the stream may migrate
+    return routed.body
+
+
+async def _open(state: GatewayState, routed: RoutedRequest,
+                tried: set[str] | None = None) -> Leg | Overloaded:
     """One pass over the replicas, best first, until one answers. A replica that refuses for
     load is skipped without counting as a failure; if all refuse, the request may wait."""
     tried = set(tried or ())
@@ -132,8 +144,8 @@ async def _attempts(state: GatewayState, routed: RoutedRequest,
         sent = time.perf_counter()
         lease = _keep_lease(state, decision)
         try:
-            upstream = await open_until_down(state.proxy, replica, routed.path, routed.body,
-                                              routed.headers)
+            upstream = await open_until_down(state.proxy, replica, routed.path,
+                                              _body_for(routed, replica), routed.headers)
         except UpstreamFailure as failure:
             await _release(state, decision, lease)
             tried.add(replica.name)
@@ -156,84 +168,10 @@ async def _attempts(state: GatewayState, routed: RoutedRequest,
             raise
         state.metrics.upstream_latency.labels(replica.name).observe(time.perf_counter() - sent)
         replica.breaker.record_success()
-        if routed.stream and upstream.status_code == 200:
-            return _stream(state, routed, replica, decision, record, upstream, lease)
-        return await _buffered(state, routed, replica, decision, record, upstream, lease)
+        return Leg(replica, decision, record, upstream, lease)
     if refusals and last is None:
         return Overloaded(min(refusals))
     raise _all_failed(state, routed, last)
-
-
-def _keep_lease(state: GatewayState, decision: Decision) -> asyncio.Task | None:
-    """Renew the request's Redis lease every third of its length while the request runs, so
-    only a gateway that died leaves bookings behind, and only for one lease."""
-    store = state.store
-    if store is None:
-        return None
-
-    async def renew_forever() -> None:
-        while True:
-            await asyncio.sleep(store.lease_ms / 1000 / 3)
-            await store.renew(decision.replica, decision.request_id)
-
-    return asyncio.create_task(renew_forever())
-
-
-async def _release(state: GatewayState, decision: Decision, lease: asyncio.Task | None) -> None:
-    if lease is not None:
-        lease.cancel()
-    await state.shared.finish(decision.request_id)
-    state.overload.notify_freed()
-
-
-def _record(routed: RoutedRequest, decision: Decision, attempt: int) -> DecisionRecord:
-    scores = [{"replica": s.replica, "cached_tokens": s.cached_tokens, "in_flight": s.in_flight,
-               "pending_prefill_tokens": s.pending_prefill_tokens, "kv_usage": s.kv_usage,
-               "cost": s.cost, "excluded": s.excluded} for s in decision.scores]
-    return DecisionRecord(routed.request_id, time.time(), routed.model, routed.endpoint,
-                          decision.replica, decision.policy, decision.reason,
-                          routed.prompt_tokens, decision.cached_tokens, scores, attempt,
-                          priority=routed.priority)
-
-
-def _note_failure(state: GatewayState, replica: Replica, record: DecisionRecord, status: int,
-                  message: str) -> None:
-    replica.breaker.record_failure()
-    replica.counts.errors += 1
-    record.status, record.error = status, message
-
-
-def _all_failed(state: GatewayState, routed: RoutedRequest, last: UpstreamFailure | None) -> APIError:
-    state.stats.record_request(None, ok=False)
-    state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
-    detail = f" (last: {last})" if last is not None else ""
-    return service_unavailable(f"Every replica tried failed before answering{detail}.",
-                               code="upstream_unavailable")
-
-
-def _observe_usage(state: GatewayState, replica: Replica, record: DecisionRecord, usage) -> None:
-    if usage is None:
-        return
-    record.engine_cached_tokens = usage.cached_tokens
-    predicted = record.predicted_cached_tokens
-    replica.counts.prompt_tokens += usage.prompt_tokens
-    replica.counts.predicted_cached_tokens += predicted
-    replica.counts.cached_tokens += usage.cached_tokens
-    state.stats.record_usage(replica.name, usage.prompt_tokens, predicted, usage.cached_tokens)
-    m = state.metrics
-    m.predicted_cached.labels(replica.name).inc(predicted)
-    m.engine_cached.labels(replica.name).inc(usage.cached_tokens)
-    m.prompt_tokens.labels(replica.name).inc(usage.prompt_tokens)
-    m.prediction_error.observe(predicted - usage.cached_tokens)
-
-
-def _finish_request(state: GatewayState, routed: RoutedRequest, replica: Replica,
-                    record: DecisionRecord, status: int) -> None:
-    record.status = status if record.status is None else record.status
-    ok = record.status < 500
-    replica.counts.requests += 1
-    state.stats.record_request(replica.name, ok)
-    state.metrics.requests.labels(routed.endpoint, replica.name, str(record.status)).inc()
 
 
 async def _buffered(state: GatewayState, routed: RoutedRequest, replica: Replica,
@@ -272,23 +210,23 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
 
     async def relay() -> AsyncIterator[bytes]:
         first = True
+        notice = replica.watch_stream(frozenset({"down"}))  # a drain gives it its grace period
+        chunks = upstream.aiter_raw()
         try:
-            async for chunk in upstream.aiter_raw():
+            while (chunk := await next_chunk(chunks, notice, state.config.stream_stall_timeout_s)) is not None:
                 if first:
                     first = False
-                    record.ttft_s = time.perf_counter() - routed.started
-                    state.metrics.ttft.observe(record.ttft_s)
-                    state.stats.record_ttft(record.ttft_s)
-                    state.priorities.record_ttft(routed.priority, record.ttft_s)
-                    await state.shared.first_token(decision.request_id)
+                    await _first_byte(state, routed, decision, record)
                 scanner.feed(chunk)
                 yield chunk
-        except httpx.HTTPError as exc:
-            _note_failure(state, replica, record, 502, f"{replica.name} broke mid-stream: {exc}")
+        except (httpx.HTTPError, Interrupted) as exc:  # not a stream that can migrate
+            _note_failure(state, replica, record, 502, f"{replica.name} broke mid-stream: {exc!r}")
             state.metrics.stream_errors.labels(replica.name).inc()
             yield stream_error(APIError(502, "The replica failed while streaming; the response "
                                              "is incomplete.", "server_error", None,
                                              "upstream_error"), routed.path)
+        finally:
+            replica.unwatch_stream(notice)
 
     async def on_close() -> None:
         await upstream.aclose()
@@ -297,3 +235,60 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
         _finish_request(state, routed, replica, record, 200)
 
     return EventStreamResponse(relay(), headers={REPLICA_HEADER: replica.name}, on_close=on_close)
+
+
+def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> Response:
+    resumable = routed.resumable
+    splice = StreamSplice(resumable.keep_token_ids, resumable.include_usage, routed.prompt_tokens)
+
+    async def open_continuation(token_ids: list[int], tried: set[str], n: int) -> Leg | str:
+        tokens = routed.prompt_token_ids + token_ids
+        continuation = dataclasses.replace(
+            routed, request_id=f"{routed.request_id}-m{n}", body=resumable.continuation_body(token_ids),
+            hashes=block_hashes(tokens, routed.namespace, state.router.block_size),
+            prompt_tokens=len(tokens), features=routed.features | {RESUME}, resumable=None)
+        try:
+            opened = await _open(state, continuation, tried)
+        except APIError as exc:
+            return f"no replica could continue it ({exc})"
+        if isinstance(opened, Overloaded):
+            return "every replica that could continue it is at capacity"
+        if opened.upstream.status_code != 200:
+            await _close_leg(state, routed, opened, f"continuation answered {opened.upstream.status_code}")
+            return f"its continuation was refused ({opened.upstream.status_code})"
+        return opened
+
+    async def first_byte(of: Leg) -> None:
+        if of is leg:  # the client's time to first token
+            await _first_byte(state, routed, leg.decision, leg.record)
+        else:  # a continuation: past its prefill, as the router counts load
+            await state.shared.first_token(of.decision.request_id)
+
+    def record(cause: str, outcome: str) -> None:
+        state.metrics.migrations.labels(cause, outcome).inc()
+        state.stats.record_migration(cause, outcome)
+
+    migration = Migration(splice, leg, state.config.migration_limit,
+                          state.config.stream_stall_timeout_s, record, open_continuation,
+                          lambda failed, why: _close_leg(state, routed, failed, why), first_byte)
+
+    async def on_close() -> None:
+        if migration.current is not None:
+            final = migration.current
+            await final.upstream.aclose()
+            await _release(state, final.decision, final.lease)
+            _observe_usage(state, final.replica, final.record,
+                           None if splice.usage is None else usage_of(splice.usage))
+            _finish_request(state, routed, final.replica, final.record, 200)
+
+    return EventStreamResponse(migration.relay(), headers={REPLICA_HEADER: leg.replica.name},
+                               on_close=on_close)
+
+
+async def _close_leg(state: GatewayState, routed: RoutedRequest, leg: Leg, why: str) -> None:
+    """A leg whose replica failed mid-stream (or refused a continuation)."""
+    await leg.upstream.aclose()
+    await _release(state, leg.decision, leg.lease)
+    _note_failure(state, leg.replica, leg.record, 502, why)
+    state.metrics.stream_errors.labels(leg.replica.name).inc()
+    _finish_request(state, routed, leg.replica, leg.record, 502)

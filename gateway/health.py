@@ -49,6 +49,8 @@ class HealthChecker:
             else:
                 replica.health = UNHEALTHY
                 replica.health_detail = f"/health answered {response.status_code}"
+                if before == HEALTHY:  # draining (or failed): its streams move before its deadline
+                    replica.notify_streams("drain")
         if replica.health != before:
             log.log(logging.INFO if replica.health == HEALTHY else logging.WARNING,
                     "replica %s is %s%s", replica.name, replica.health,

@@ -55,6 +55,11 @@ class GatewayMetrics:
         self.stream_errors = Counter(p + "stream_errors_total",
                                      "Streams ended by an upstream failure after the first byte",
                                      ["replica"], registry=r)
+        self.migrations = Counter(p + "migrations_total",
+                                  "Streams whose replica failed mid-way, by cause (disconnect, "
+                                  "error, drain, down, stall) and outcome (continued on another "
+                                  "replica, limit_reached, no_replica, not_needed)",
+                                  ["cause", "outcome"], registry=r)
         self.circuit = Gauge(p + "circuit_state", "0 closed, 1 half-open, 2 open", ["replica"], registry=r)
         self.up = Gauge(p + "replica_up", "1 when the replica's health check passes", ["replica"], registry=r)
         self.routable = Gauge(p + "replica_routable", "1 when new requests may go there", ["replica"], registry=r)

@@ -47,6 +47,8 @@ class Replica:
     counts: ReplicaCounts = field(default_factory=ReplicaCounts)
     # Requests waiting for this replica's first byte; told when the health checks find it down.
     down_waiters: set[asyncio.Future] = field(default_factory=set, repr=False)
+    # Streams it is sending; told (with a cause) when it goes down or starts draining.
+    stream_watchers: dict[asyncio.Future, frozenset[str]] = field(default_factory=dict, repr=False)
 
     @property
     def features(self) -> frozenset[str]:
@@ -69,6 +71,24 @@ class Replica:
             if not waiter.done():
                 waiter.set_result(self.name)
         self.down_waiters.clear()
+        self.notify_streams("down")
+
+    def watch_stream(self, causes: frozenset[str] = frozenset({"down", "drain"})) -> asyncio.Future:
+        """A future resolved with the cause ("down": the health checks lost it, "drain": it
+        stopped taking requests) when one of `causes` happens; give it back with unwatch_stream."""
+        watcher = asyncio.get_running_loop().create_future()
+        self.stream_watchers[watcher] = causes
+        return watcher
+
+    def unwatch_stream(self, watcher: asyncio.Future) -> None:
+        self.stream_watchers.pop(watcher, None)
+
+    def notify_streams(self, cause: str) -> None:
+        for watcher, causes in list(self.stream_watchers.items()):
+            if cause in causes:
+                del self.stream_watchers[watcher]
+                if not watcher.done():
+                    watcher.set_result(cause)
 
     @property
     def index_mode(self) -> str:

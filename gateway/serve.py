@@ -18,7 +18,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     config.replicas += args.replica
     config.kv_events.update(getattr(args, "kv_events", None) or {})
     for name in ("redis_url", "policy", "host", "port", "admin_key", "max_in_flight",
-                 "max_queued_requests", "max_queue_wait_s"):
+                 "max_queued_requests", "max_queue_wait_s", "migration_limit",
+                 "stream_stall_timeout_s"):
         value = getattr(args, name)
         if value is not None:
             setattr(config, name, value)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
+import tempfile
 
 import httpx
 import redis.asyncio as aioredis
@@ -43,7 +45,8 @@ class GatewayState:
         self.config = config
         if config.admin_key is None:
             config.admin_key = secrets.token_urlsafe(24)
-            log.warning("no admin key configured; this run's admin key is %s", config.admin_key)
+            log.warning("no admin key configured; this run's admin key is in %s (mode 0600)",
+                        _key_file(config.admin_key))
         self.router = Router(config.policy, block_size=config.block_size, seed=config.seed)
         self.router.pd_policy = PDPolicy(config.seed, config.pd_bypass_tokens,
                                          config.pd_transfer_weight)
@@ -189,3 +192,11 @@ class GatewayState:
     def in_flight_by_replica(self) -> dict[str, int]:
         return {name: self.router.load.view(name).in_flight for name in self.replicas
                 if name in self.router.replicas}
+
+
+def _key_file(key: str) -> str:
+    """A generated key where only its user can read it (logs are read by others)."""
+    fd, path = tempfile.mkstemp(prefix="kvgate-admin-key-")  # created with mode 0600
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return path

@@ -4,7 +4,7 @@ and per-interval time series (requests, cached tokens predicted vs reported, TTF
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 
 BUCKET_S = 2.0
@@ -66,6 +66,7 @@ class GatewayStats:
         self.ttfts: deque[float] = deque(maxlen=2000)  # for all-time-recent percentiles
         self.totals = ReplicaBucket()
         self.total_requests = 0
+        self.migrations: Counter[tuple[str, str]] = Counter()  # (cause, outcome) -> streams
 
     def _bucket(self) -> Bucket:
         t = time.time() // BUCKET_S * BUCKET_S
@@ -84,6 +85,9 @@ class GatewayStats:
             bucket.errors += 1
         if replica is not None:
             bucket.replicas.setdefault(replica, ReplicaBucket()).requests += 1
+
+    def record_migration(self, cause: str, outcome: str) -> None:
+        self.migrations[(cause, outcome)] += 1
 
     def record_ttft(self, seconds: float) -> None:
         self._bucket().ttfts.append(seconds)
@@ -125,7 +129,16 @@ class GatewayStats:
             "prefill_tokens_saved": self.totals.cached_tokens,
             "ttft_p50_s": percentile(ttfts, 0.5),
             "ttft_p99_s": percentile(ttfts, 0.99),
+            "migrations": _by_outcome(self.migrations),
         }
+
+
+def _by_outcome(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """{outcome: {cause: streams}}: streams broken mid-way, and what became of them."""
+    out: dict[str, dict[str, int]] = {}
+    for (cause, outcome), n in sorted(counts.items()):
+        out.setdefault(outcome, {})[cause] = n
+    return out
 
 
 def _ratio(part: int, whole: int) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -39,9 +40,11 @@ def engine_config_from_args(args: argparse.Namespace):  # -> EngineConfig (impor
 
 def server_settings_from_args(args: argparse.Namespace):  # -> ServerSettings
     from backend_engine.cli_args import from_cli_args
-    from backend_engine.server.settings import ServerSettings
+    from backend_engine.server.settings import API_KEY_ENV, ServerSettings
 
     settings = ServerSettings(**from_cli_args(ServerSettings, args))
+    if settings.api_key is None and os.environ.get(API_KEY_ENV):
+        settings.api_key = os.environ[API_KEY_ENV]
     if args.kv_events_config:
         from backend_engine.server.kv_publisher import KVEventsConfig
 
@@ -73,13 +76,15 @@ def _print_usage(state) -> None:  # noqa: ANN001 - ServerState, imported lazily
     host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
     base_url = f"http://{host}:{s.port}/v1"
     model = state.served_model_names[0]
-    auth = f' -H "Authorization: Bearer {s.api_key}"' if s.api_key else ""
+    # The key itself never reaches stdout, which is a log file under `kvgate up`.
+    auth = ' -H "Authorization: Bearer $KVGATE_API_KEY"' if s.api_key else ""
+    key = 'os.environ["KVGATE_API_KEY"]' if s.api_key else '"unused"'
     print(
         f"\nkvgate is ready. OpenAI base_url: {base_url}  (model: {model})\n\n"
         f"  curl {base_url}/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
         f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n\n"
         f"  from openai import OpenAI\n"
-        f"  client = OpenAI(base_url=\"{base_url}\", api_key=\"{s.api_key or 'unused'}\")\n",
+        f"  client = OpenAI(base_url=\"{base_url}\", api_key={key})\n",
         flush=True,
     )
 
@@ -114,6 +119,12 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
                         "(default 1024; 0: pass the 503 on)")
     p.add_argument("--max-queue-wait-s", type=float, default=None,
                    help="the longest a request waits there before a 503 (default 600)")
+    p.add_argument("--migration-limit", type=int, default=None,
+                   help="times a stream whose replica fails mid-way is continued on another replica "
+                        "from the tokens already sent (default 1; 0: end it with an error event)")
+    p.add_argument("--stream-stall-timeout-s", type=float, default=None,
+                   help="a stream with no bytes for this long has failed and migrates (default 30; "
+                        "0: wait up to read_timeout_s)")
     p.add_argument("--replica-engine", action="append", default=[], metavar="URL=ENGINE",
                    help="a foreign replica's engine (vllm, sglang, other): what it serves beyond plain "
                         "generation (structured outputs, tools, /v1/responses); kvgate replicas say it themselves")

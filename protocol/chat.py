@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from protocol.common import MAX_METADATA_PAIRS, MAX_TOP_LOGPROBS, SamplingFields, Usage
+from protocol.common import MAX_METADATA_PAIRS, MAX_TOP_LOGPROBS, SamplingFields, TokenIdsChoice, Usage
 from protocol.errors import bad_request, unsupported
 from protocol.structured import ResponseFormat, StructuredOutputs
 from protocol.tools import (ChatTool, DeltaToolCall, FunctionDefinition, ToolCall,
@@ -171,7 +171,7 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(TokenIdsChoice):
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
@@ -201,7 +201,7 @@ class DeltaMessage(BaseModel):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(TokenIdsChoice):
     index: int
     delta: DeltaMessage
     logprobs: ChoiceLogprobs | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from protocol.engine_extras import split_extras
 from protocol.errors import bad_request
@@ -26,6 +26,20 @@ class StrictModel(BaseModel):
     """Request objects: unknown fields are an error, types are not coerced ("5" is not 5)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TokenIdsChoice(BaseModel):
+    """A choice that may carry its generated token ids (vLLM's `return_token_ids`): all of them
+    in a response, the new ones in a stream chunk. Absent unless asked for."""
+
+    token_ids: list[int] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_token_ids(self, handler) -> dict[str, Any]:  # noqa: ANN001
+        data = handler(self)
+        if data.get("token_ids") is None:
+            data.pop("token_ids", None)
+        return data
 
 
 class StreamOptions(StrictModel):
@@ -62,6 +76,11 @@ class SamplingFields(StrictModel):
     request_id: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:-]+$")
     priority: int | None = Field(default=None, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     kv_transfer_params: KVTransferParams | None = None  # set by the gateway (P/D halves)
+    # vLLM: each choice (each stream chunk's) carries the ids of its generated tokens
+    return_token_ids: bool | None = False
+    # kvgate: output tokens another replica already generated (and streamed) for this request;
+    # generation goes on after them as if sampled here (the gateway's mid-stream migration)
+    resume_token_ids: list[int] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -81,6 +100,11 @@ class SamplingFields(StrictModel):
                 raise bad_request(f"Invalid 'logit_bias' for token {key}: must be in [-100, 100].", "logit_bias", "invalid_value")
         if self.stop_token_ids and any(t < 0 for t in self.stop_token_ids):
             raise bad_request("'stop_token_ids' must be non-negative token ids.", "stop_token_ids", "invalid_value")
+        if self.resume_token_ids is not None:
+            if (self.n or 1) != 1:
+                raise bad_request("'resume_token_ids' continues one sample: 'n' must be 1.", "resume_token_ids", "invalid_value")
+            if any(t < 0 for t in self.resume_token_ids):
+                raise bad_request("'resume_token_ids' must be non-negative token ids.", "resume_token_ids", "invalid_value")
         return self
 
     @property

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from protocol.common import MAX_COMPLETION_LOGPROBS, SamplingFields, Usage
+from protocol.common import MAX_COMPLETION_LOGPROBS, SamplingFields, TokenIdsChoice, Usage
 from protocol.errors import bad_request, unsupported
 from protocol.structured import ResponseFormat, StructuredOutputs
 
@@ -65,7 +65,7 @@ class LegacyLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(TokenIdsChoice):
     index: int
     text: str
     logprobs: LegacyLogprobs | None = None

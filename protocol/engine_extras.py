@@ -27,7 +27,7 @@ NOOP: dict[str, tuple] = {
     "truncate_prompt_tokens": (), "truncation_side": (), "allowed_token_ids": (), "bad_words": ([],),
     "prompt_logprobs": (), "logprob_token_ids": (), "echo": (False,), "add_special_tokens": (False,),
     "documents": (), "chat_template": (), "media_io_kwargs": (), "mm_processor_kwargs": (),
-    "structured_outputs": (), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
+    "structured_outputs": (), "return_tokens_as_token_ids": (False,),
     "return_weight_versions": (False,), "return_token_offsets": (False,), "return_prompt_text": (False,),
     "return_mm_kwargs": (False,), "routed_experts_prompt_start": (0,), "kv_transfer_params": (),
     "ec_transfer_params": (), "vllm_xargs": ({},), "repetition_detection": (), "thinking_token_budget": (),

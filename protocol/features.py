@@ -13,12 +13,16 @@ TOOLS = "tools"  # tool calling (tool_choice auto, required or a named function)
 RESPONSES = "responses"  # the /v1/responses endpoint
 MESSAGES = "messages"  # the /v1/messages endpoint (Anthropic's Messages API)
 
+# kvgate's `return_token_ids` + `resume_token_ids`: a stream continued from token ids another
+# replica generated (the gateway's mid-stream migration); never asked for by a client
+RESUME = "resume"
+
 ALL_FEATURES = frozenset({JSON_OBJECT, JSON_SCHEMA, STRUCTURED_OUTPUTS, TOOLS, RESPONSES,
-                          MESSAGES})
+                          MESSAGES, RESUME})
 # What each kind of replica serves: kvgate replicas say so themselves; vLLM and SGLang serve all
-# of these; anything else is assumed to serve none of them.
-ENGINE_FEATURES = {"kvgate": ALL_FEATURES, "vllm": ALL_FEATURES, "sglang": ALL_FEATURES,
-                   "other": frozenset()}
+# of these but token-id continuations; anything else is assumed to serve none of them.
+ENGINE_FEATURES = {"kvgate": ALL_FEATURES, "vllm": ALL_FEATURES - {RESUME},
+                   "sglang": ALL_FEATURES - {RESUME}, "other": frozenset()}
 # The request field a missing feature is blamed on.
 FEATURE_PARAMS = {JSON_OBJECT: "response_format", JSON_SCHEMA: "response_format",
                   STRUCTURED_OUTPUTS: "structured_outputs", TOOLS: "tools", RESPONSES: "input",

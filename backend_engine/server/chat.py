@@ -80,10 +80,11 @@ async def create_chat_completion(request: Request) -> Response:
     continuous = bool(req.include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
 
     def render_stream(started: list[Started]) -> AsyncIterator[bytes]:
-        return chat_stream(meta, started, params.n, req.num_logprobs, req.include_usage, continuous, plan)
+        return chat_stream(meta, started, params.n, req.num_logprobs, req.include_usage, continuous, plan,
+                           bool(req.return_token_ids), bool(req.resume_token_ids))
 
     def render_final(outputs: list[RequestOutput]) -> ChatCompletion:
-        return chat_completion(meta, outputs[0], req.num_logprobs, plan)
+        return chat_completion(meta, outputs[0], req.num_logprobs, plan, bool(req.return_token_ids))
 
     return await serve_generation(
         request, state, meta, [prompt], params, req.cache_salt, bool(req.stream), render_stream, render_final,
@@ -92,7 +93,7 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 def chat_completion(meta: ResponseMeta, out: RequestOutput, num_top: int | None,
-                    plan: ToolPlan) -> ChatCompletion:
+                    plan: ToolPlan, token_ids: bool = False) -> ChatCompletion:
     choices = []
     for c in sorted(out.outputs, key=lambda c: c.index):
         content, calls, finish_reason = plan.answer(c.text, c.finish_reason)
@@ -102,6 +103,7 @@ def chat_completion(meta: ResponseMeta, out: RequestOutput, num_top: int | None,
             logprobs=chat_logprobs(c.logprobs, num_top) if num_top is not None else None,
             finish_reason=finish_reason,
             stop_reason=c.stop_reason,
+            token_ids=list(c.token_ids) if token_ids else None,
         ))
     return ChatCompletion(
         id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.system_fingerprint,

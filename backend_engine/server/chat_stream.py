@@ -43,13 +43,24 @@ class _Choice:
             yield DeltaMessage(tool_calls=[DeltaToolCall(
                 index=index, function=DeltaFunctionCall(arguments=call.arguments))])
 
+    def prime(self, sent: str) -> None:
+        """A resumed stream: feed the parser the text another replica already streamed, and
+        count the calls it sent, so what follows the seam parses as if nothing broke."""
+        if self.tools is not None and sent:
+            found = self.tools.feed(sent, final=False)
+            self.num_calls += len(self.plan.keep(found.calls, self.num_calls))
+
     def finish_reason(self, reason: str) -> str:
         return tool_finish_reason(list(range(self.num_calls)), reason)
 
 
 async def chat_stream(meta: ResponseMeta, started: list[Started], n: int, num_top: int | None,
-                      include_usage: bool, continuous_usage: bool, plan: ToolPlan
-                      ) -> AsyncIterator[bytes]:
+                      include_usage: bool, continuous_usage: bool, plan: ToolPlan,
+                      token_ids: bool = False, resumed: bool = False) -> AsyncIterator[bytes]:
+    """`token_ids`: the last chunk of each engine output carries its new token ids (a chunk
+    with an empty delta when its text is held back), so a reader that holds each output's chunks
+    until then knows which tokens the text it passed on came from. `resumed`: the request
+    continues another replica's stream (resume_token_ids)."""
     dump = {} if include_usage else {"exclude": {"usage"}}
     async for chunk in chat_chunks(meta, started, n, num_top, include_usage, continuous_usage, plan):
         yield sse_data(chunk, **dump)
@@ -79,22 +90,35 @@ async def chat_chunks(meta: ResponseMeta, started: list[Started], n: int, num_to
                 continue
             if c.finish_reason == "abort":
                 raise aborted_error()
-            logprobs = chat_logprobs(c.delta_logprobs, num_top) \
-                if num_top is not None and c.delta_logprobs else None
-            for delta in states[c.index].deltas(c):
-                yield chunk([ChatChunkChoice(index=c.index, delta=delta, logprobs=logprobs)])
-                logprobs = None
-            if logprobs is not None:  # tokens whose text is held back still report logprobs
-                yield chunk([ChatChunkChoice(index=c.index, delta=DeltaMessage(content=""),
-                                             logprobs=logprobs)])
+            if resumed:
+                resumed = False
+                states[c.index].prime(c.text[:len(c.text) - len(c.delta_text)])
+            choices = list(_choices(states[c.index], c, num_top))
+            if token_ids and (choices or c.delta_token_ids):
+                if not choices:
+                    choices.append(ChatChunkChoice(index=c.index, delta=DeltaMessage(content="")))
+                choices[-1].token_ids = list(c.delta_token_ids)
+            for choice in choices:
+                yield chunk([choice])
             if c.finish_reason is not None:
                 finished.add(c.index)
-                yield chunk([ChatChunkChoice(
-                    index=c.index, delta=DeltaMessage(),
-                    finish_reason=states[c.index].finish_reason(c.finish_reason),
-                    stop_reason=c.stop_reason)])
     if include_usage and usage is not None:
         yield chunk([], usage)
+
+
+def _choices(state: _Choice, c: CompletionOutput, num_top: int | None) -> Iterator[ChatChunkChoice]:
+    """The chunks one engine output of one choice makes: deltas, then its finish."""
+    logprobs = chat_logprobs(c.delta_logprobs, num_top) \
+        if num_top is not None and c.delta_logprobs else None
+    for delta in state.deltas(c):
+        yield ChatChunkChoice(index=c.index, delta=delta, logprobs=logprobs)
+        logprobs = None
+    if logprobs is not None:  # tokens whose text is held back still report logprobs
+        yield ChatChunkChoice(index=c.index, delta=DeltaMessage(content=""), logprobs=logprobs)
+    if c.finish_reason is not None:
+        yield ChatChunkChoice(index=c.index, delta=DeltaMessage(),
+                              finish_reason=state.finish_reason(c.finish_reason),
+                              stop_reason=c.stop_reason)
 
 
 def usage_of(out) -> Usage:  # noqa: ANN001 - RequestOutput

@@ -40,12 +40,14 @@ async def create_completion(request: Request) -> Response:
             raise bad_request("The prompt is empty after tokenization.", "prompt", "invalid_value")
         check_context_length(len(ids), req.max_tokens, engine.max_model_len, "prompt")
         prompts.append(ids)
+    if req.resume_token_ids and len(prompts) > 1:
+        raise bad_request("'resume_token_ids' continues one prompt's sample.", "resume_token_ids", "invalid_value")
     params = completion_sampling_params(req)
     params.structured_outputs = structured_params(req.response_format, req.structured_outputs)
     meta = ResponseMeta.new("cmpl", model, req.request_id or request.headers.get("x-request-id"))
     echo = [tokenizer.decode(ids) if req.echo else "" for ids in prompts]
     first_tokens = [tokenizer.decode(ids[:1]) for ids in prompts]
-    view = _View(meta, params.n, req.logprobs, echo, first_tokens)
+    view = _View(meta, params.n, req.logprobs, echo, first_tokens, bool(req.return_token_ids))
 
     def render_stream(started: list[Started]) -> AsyncIterator[bytes]:
         return completion_stream(view, started, req.include_usage)
@@ -59,9 +61,11 @@ async def create_completion(request: Request) -> Response:
 class _View:
     """How one request's outputs become legacy completion choices."""
 
-    def __init__(self, meta: ResponseMeta, n: int, num_logprobs: int | None, echo: list[str], first_tokens: list[str]):
+    def __init__(self, meta: ResponseMeta, n: int, num_logprobs: int | None, echo: list[str], first_tokens: list[str],
+                 token_ids: bool = False):
         self.meta, self.n, self.num_logprobs = meta, n, num_logprobs
         self.echo, self.first_tokens = echo, first_tokens
+        self.token_ids = token_ids  # return_token_ids: see chat_stream for the stream's contract
 
     def index(self, prompt_index: int, c: CompletionOutput) -> int:
         return prompt_index * self.n + c.index
@@ -82,6 +86,7 @@ class _View:
             CompletionChoice(
                 index=self.index(i, c), text=self.echo[i] + c.text, logprobs=self.logprobs(i, out, c),
                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                token_ids=list(c.token_ids) if self.token_ids else None,
             )
             for i, out in enumerate(outputs)
             for c in sorted(out.outputs, key=lambda c: c.index)
@@ -122,17 +127,25 @@ async def completion_stream(view: _View, started: list[Started], include_usage: 
                 echo_sent.add(index)
                 offsets[index] = len(view.echo[i])
                 yield chunk([CompletionChoice(index=index, text=view.echo[i], logprobs=view.echo_logprobs(i, out))])
+            if c.finish_reason == "abort":
+                raise aborted_error()
+            choices = []
             if c.delta_text or (view.num_logprobs is not None and c.delta_logprobs):
                 logprobs = None
                 if view.num_logprobs is not None:
                     logprobs = legacy_logprobs(c.delta_logprobs or [], view.num_logprobs, offsets.get(index, 0))
                 offsets[index] = offsets.get(index, 0) + len(c.delta_text)
-                yield chunk([CompletionChoice(index=index, text=c.delta_text, logprobs=logprobs)])
+                choices.append(CompletionChoice(index=index, text=c.delta_text, logprobs=logprobs))
             if c.finish_reason is not None:
                 finished.add(index)
-                if c.finish_reason == "abort":
-                    raise aborted_error()
-                yield chunk([CompletionChoice(index=index, text="", finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
+                choices.append(CompletionChoice(index=index, text="", finish_reason=c.finish_reason,
+                                                stop_reason=c.stop_reason))
+            if view.token_ids and (choices or c.delta_token_ids):
+                if not choices:
+                    choices.append(CompletionChoice(index=index, text=""))
+                choices[-1].token_ids = list(c.delta_token_ids)
+            for choice in choices:
+                yield chunk([choice])
     if include_usage:
         yield chunk([], usage_of([last[i] for i in sorted(last)]))
     yield DONE

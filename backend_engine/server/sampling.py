@@ -38,6 +38,7 @@ def _common(req: SamplingFields) -> dict:
         "include_stop_str_in_output": bool(req.include_stop_str_in_output),
         "ignore_eos": bool(req.ignore_eos),
         "skip_special_tokens": req.skip_special_tokens is not False,
+        "resume_token_ids": list(req.resume_token_ids or []),
     }
     if req.top_k is not None:
         kwargs["top_k"] = req.top_k

@@ -9,6 +9,7 @@ from backend_engine.cli_fields import setting
 from protocol.http import DEFAULT_MAX_BODY_BYTES
 
 SERVER = "server"
+API_KEY_ENV = "KVGATE_API_KEY"  # the replica's key when --api-key is not given
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 
@@ -20,7 +21,8 @@ class ServerSettings:
     served_model_names: list[str] = setting(
         factory=list, help="names clients use (the first is the canonical one; default: the "
         "model's name)", flag="--served-model-name", nargs="+", metavar="NAME")
-    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/*")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/* (or "
+                                  f"{API_KEY_ENV}, which `ps` does not show)")
     max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, "request body limit (413 beyond)",
                                   group=SERVER)
     drain_grace_s: float = setting(30.0, "seconds in-flight requests get after SIGTERM",

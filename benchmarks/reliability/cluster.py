@@ -39,7 +39,8 @@ class ClusterSpec:
     # Gateway settings that make faults visible within seconds rather than minutes.
     gateway: dict[str, Any] = field(default_factory=lambda: {
         "health_interval_s": 0.5, "failure_threshold": 2, "circuit_cooldown_s": 1.0,
-        "max_attempts": 3, "read_timeout_s": 30.0, "lease_s": 3.0})
+        "max_attempts": 3, "read_timeout_s": 30.0, "lease_s": 3.0, "stream_stall_timeout_s": 5.0,
+        "migration_limit": 1})
     api_keys: list[dict] = field(default_factory=list)  # `api_keys:` of the gateway config
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend_engine.cli_args import to_argv
+from backend_engine.server.settings import API_KEY_ENV
 from kvgate.launcher.config import REPLICA_SETTINGS, ConfigError, UpConfig
 
 REPLICA, GATEWAY, REDIS = "replica", "gateway", "redis"
@@ -166,7 +167,7 @@ def _replica_spec(config: UpConfig, i: int, name: str, settings: dict[str, Any],
     if tp > 1:
         own["tensor_parallel_size"] = tp
     if config.api_key and config.gateways == 0:  # no gateway in front: the replicas check the key
-        own["api_key"] = config.api_key
+        env[API_KEY_ENV] = config.api_key  # never on the command line, where `ps` shows it
     if "drain_grace_s" not in settings:  # a replica must drain before the supervisor's SIGKILL
         own["drain_grace_s"] = max(1.0, config.shutdown_grace_s - 3.0)
     argv = [python, "-m", "kvgate.cli", "engine", *to_argv(REPLICA_SETTINGS, {**settings, **own})]
@@ -182,14 +183,23 @@ def _gateway_spec(config: UpConfig, i: int, port: int, replicas: list[ChildSpec]
         argv += ["--redis-url", redis_url]
     if config.policy:
         argv += ["--policy", config.policy]
-    if config.admin_key:
-        argv.append(f"--admin-key={config.admin_key}")  # "=": a key may start with "-"
-    if config.api_key:
-        argv.append(f"--api-key={config.api_key}")  # "=": a key may start with "-"
+    env = gateway_key_env(config.admin_key, config.api_key)  # never on the command line
     if tokenizer_folder and "tokenizer" not in config.gateway:
         argv += ["--tokenizer", f"*={tokenizer_folder}"]  # the one model every replica serves
     argv += flags_from_mapping(config.gateway)
-    return ChildSpec(f"gateway-{i + 1}", GATEWAY, argv, port, config.host)
+    return ChildSpec(f"gateway-{i + 1}", GATEWAY, argv, port, config.host, env)
+
+
+def gateway_key_env(admin_key: str | None, api_key: str | None) -> dict[str, str]:
+    """A gateway's keys as its environment (gateway/config.py apply_env reads them): only the
+    user who runs `kvgate up` can read a process's environment, while anyone can read its
+    command line. User keys already in the environment are kept beside the new one."""
+    env: dict[str, str] = {}
+    if admin_key:
+        env["KVGATE_ADMIN_KEY"] = admin_key
+    if api_key:
+        env["KVGATE_API_KEYS"] = ",".join(k for k in (os.environ.get("KVGATE_API_KEYS"), api_key) if k)
+    return env
 
 
 def _redis_spec(port: int) -> ChildSpec:

@@ -1,5 +1,6 @@
-"""`kvgate up` end to end with real tiny-random replicas: it prints a working base_url,
-restarts a replica killed with SIGKILL, and on SIGTERM leaves no child behind. The replicas run
+"""`kvgate up` end to end with real tiny-random replicas: it prints a working base_url, shows no
+key on any child's command line or log, restarts a replica killed with SIGKILL, and on SIGTERM
+leaves no child behind. The replicas run
 eagerly (`--enforce-eager`): these are tests of the supervisor, and compiling the tiny model's
 graphs would double their time (the compiled plan has its own tests, tests/backend_engine/accel)."""
 
@@ -80,6 +81,23 @@ def chat(base_url: str, api_key: str) -> dict:
     return resp.json()
 
 
+def assert_no_key_visible(supervisor_pid: int, log_dir, keys: list[str]) -> None:
+    """What any local user sees: no key on a command line (`ps`, /proc/*/cmdline), and none in
+    the children's logs (the supervisor's banner on the terminal shows them once)."""
+    import psutil
+
+    procs = psutil.Process(supervisor_pid).children(recursive=True)
+    assert len(procs) >= 4  # redis, the gateway, the replicas
+    for p in procs:
+        with open(f"/proc/{p.pid}/cmdline", "rb") as f:
+            cmdline = f.read().decode(errors="replace")
+        assert not any(k in cmdline for k in keys), p.name()
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert not any(k in ps for k in keys)
+    for log in log_dir.glob("*.log"):
+        assert not any(k in log.read_text(errors="replace") for k in keys), log.name
+
+
 @pytest.mark.timeout(240)
 def test_up_serves_restarts_a_killed_replica_and_stops_every_child(tmp_path):
     gateways = 1  # with --redis: every kind of child kvgate up runs
@@ -97,6 +115,8 @@ def test_up_serves_restarts_a_killed_replica_and_stops_every_child(tmp_path):
         # The key the printed Python snippet uses (generated: gateways sharing Redis need one).
         api_key = out.wait_for(r'OpenAI\(base_url="\S+", api_key="([^"]+)"\)', 5).group(1)
         assert chat(base_url, api_key)["choices"][0]["message"]["role"] == "assistant"
+        admin_key = out.wait_for(r"admin key: ([^)\s]+)\)", 5).group(1)
+        assert_no_key_visible(proc.pid, tmp_path, [api_key, admin_key])
 
         victim_url, victim_pid = replicas[-1][0], int(replicas[-1][1])
         os.kill(victim_pid, signal.SIGKILL)

@@ -1,6 +1,7 @@
 """Kill a replica process during a run: requests that have not started streaming succeed on the
-other replica, a stream cut mid-way ends with an OpenAI error event, the replica is marked down,
-and when it comes back on its port it is routable again with its index rebuilt."""
+other replica, a stream cut mid-way ends with an OpenAI error event (migration off here), the
+replica is marked down, and when it comes back on its port it is routable again with its index
+rebuilt."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     config = tmp_path_factory.mktemp("gw") / "gateway.yaml"
-    # Slow active checks, so the first requests after a kill meet the dead replica themselves.
+    # Slow active checks, so the first requests after a kill meet the dead replica themselves;
+    # no migration: a cut stream ends (test_gateway_migration.py continues them).
     config.write_text(yaml.safe_dump({"health_interval_s": 2.0, "failure_threshold": 2,
-                                      "circuit_cooldown_s": 1.0, "max_attempts": 3}))
+                                      "circuit_cooldown_s": 1.0, "max_attempts": 3,
+                                      "migration_limit": 0}))
     replicas = [procs.replica(), procs.replica()]
     procs.start_all(replicas)
     gw = procs.gateway([r.url for r in replicas], config=str(config)).start()
