@@ -12,7 +12,7 @@ from backend_engine.model_runner import ModelRunner
 from backend_engine.step_cost import StepCostModel, StepShape, calibration_shapes
 
 
-def _inputs(runner: ModelRunner, shape: StepShape, max_model_len: int
+def step_inputs(runner: ModelRunner, shape: StepShape, max_model_len: int
             ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, int]:
     """Token ids, positions, metadata and logits rows of a step of this shape."""
     bs, device = runner.block_size, runner.device
@@ -42,7 +42,7 @@ def _inputs(runner: ModelRunner, shape: StepShape, max_model_len: int
 def time_step(runner: ModelRunner, shape: StepShape, max_model_len: int,
               repeats: int = 2) -> float:
     """Fastest of `repeats` forward passes (with the logits of the rows a real step samples)."""
-    ids, positions, meta, logit_rows = _inputs(runner, shape, max_model_len)
+    ids, positions, meta, logit_rows = step_inputs(runner, shape, max_model_len)
     best = float("inf")
     for _ in range(repeats):
         meta.scratch.clear()
