@@ -1,22 +1,18 @@
 """Measure what a CUDA replica holds before its KV pool (kv_sizing.MemoryProfile): the weights,
 the activations of a profiling forward at the largest step (a whole `max_num_batched_tokens`
 prompt chunk, and the logits and probabilities of `max_num_seqs` rows), and what libraries took
-outside torch's allocator. The profiling step runs over a temporary KV cache just large enough
+outside torch's allocator. `runner` is the ModelRunner being built (this module is below it).
+The profiling step runs over a temporary KV cache just large enough
 for it, which is freed before the pool is allocated."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
 from backend_engine.kv_sizing import MemoryProfile
-from backend_engine.step_calibration import step_inputs
 from backend_engine.step_cost import StepShape
-
-if TYPE_CHECKING:
-    from backend_engine.model_runner import ModelRunner
+from backend_engine.synthetic_step import step_inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +38,7 @@ def profile_tokens(max_num_batched_tokens: int, max_model_len: int) -> int:
 
 
 @torch.inference_mode()
-def run_profile_step(runner: ModelRunner, tokens: int, rows: int, max_model_len: int
+def run_profile_step(runner, tokens: int, rows: int, max_model_len: int
                      ) -> torch.Tensor:
     """One forward of a `tokens`-token prompt chunk over runner.kv_caches, then the logits and
     float32 probabilities of `rows` rows, at most one a token (the sampler's working set); returns the probabilities."""
@@ -53,7 +49,7 @@ def run_profile_step(runner: ModelRunner, tokens: int, rows: int, max_model_len:
     return torch.softmax(logits.float(), dim=-1)
 
 
-def profile_cuda_memory(runner: ModelRunner, baseline: CudaSnapshot, max_num_batched_tokens: int,
+def profile_cuda_memory(runner, baseline: CudaSnapshot, max_num_batched_tokens: int,
                         max_num_seqs: int, max_model_len: int, graph_bytes: int = 0
                         ) -> MemoryProfile:
     """Measure on the runner's device; leaves runner.kv_caches empty for the pool."""
