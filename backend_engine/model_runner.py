@@ -203,9 +203,8 @@ class ModelRunner:
                                    inputs.meta)
         if not inputs.sampled:
             return inputs, None
-        logits = self.forward_pass.compute_logits(hidden[inputs.sample_index])
-        # sampling runs on the host (per-request CPU generators make seeds reproducible)
-        return inputs, None if logits is None else logits.cpu()
+        # sampling runs on the logits' device: only sampled ids (and logprobs) reach the host
+        return inputs, self.forward_pass.compute_logits(hidden[inputs.sample_index])
 
     def forward(self, scheduled: list[tuple[Sequence, int]], batch: StepBatch | None = None
                 ) -> tuple[StepInputs, torch.Tensor | None]:
@@ -232,7 +231,7 @@ class ModelRunner:
             plain_rows = [rows[seq][0] for seq, _ in plain]
             # every row, in order (a step without drafts to verify): no copy of the logits
             chosen = logits if firsts == list(range(logits.shape[0])) else \
-                logits[torch.tensor(firsts)]
+                logits[torch.tensor(firsts, device=logits.device)]
             out = self.sampler.sample_processed(chosen, plain_rows)
             for i, (seq, _) in enumerate(plain):
                 results[seq] = SeqResult(
@@ -251,7 +250,9 @@ class ModelRunner:
         if seq.params.greedy:
             tokens = verify_greedy(logits, drafts)
         else:
-            probs = self.sampler.probs(logits, rows)
+            # k + 1 rows of a few speculating sequences: verified on the host, where the
+            # request's generator draws (seeded verification is the same on every device)
+            probs = self.sampler.probs(logits, rows).cpu()
             generator = seq.generator or self.sampler.generator
             draft_probs = seq.spec_draft_probs
             if draft_probs is not None:
