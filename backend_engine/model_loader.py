@@ -275,15 +275,12 @@ def default_meta_folder() -> Path:
 
 
 def _tiny_folder(arch: str) -> Path:
-    base = default_meta_folder()  # tiny models borrow the default tokenizer
     target = cache_root() / "models" / f"tiny-random-{arch}-{_CACHE_FORMAT}"
     if (target / "config.json").is_file():
         return target
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer = AutoTokenizer.from_pretrained(default_meta_folder())  # the default tokenizer
     params = dict(TINY_CONFIGS[arch])
     model_type = params.pop("model_type")
     random_norms = params.pop("random_norms", False)
@@ -291,7 +288,18 @@ def _tiny_folder(arch: str) -> Path:
     config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer),
                                   bos_token_id=tokenizer.bos_token_id,
                                   eos_token_id=tokenizer.eos_token_id, **params)
-    torch.manual_seed(1234)
+    return write_random_model(config, tokenizer, target, random_norms, norm_center)
+
+
+def write_random_model(config, tokenizer, target: Path, random_norms: bool = False,
+                       norm_center: float = 1.0, seed: int = 1234) -> Path:
+    """A safetensors folder of `config`'s model with seeded random weights (and `tokenizer`):
+    the tiny test models, and the default model's exact shape where its GGUF is absent."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger than the default init so logits are not all near-uniform
         for p in model.parameters():
