@@ -6,7 +6,7 @@ random weights where the GGUF is absent). Writes .gpu_bundle/ (git-ignored), wel
 
     python -m benchmarks.gpu_bundle            # then carry .gpu_bundle with the working tree
 
-The image already holds torch, triton, transformers' dependencies, numpy, xxhash, jinja2,
+The image already holds torch, triton, transformers, tokenizers, numpy, xxhash, jinja2,
 safetensors and pytest; the engine's optional packages (xgrammar, msgspec, pyzmq) load lazily and
 are not carried."""
 
@@ -23,9 +23,10 @@ from backend_engine.model_loader import SOURCE_FILE, default_meta_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / ".gpu_bundle"
-# what the engine imports that the GPU image lacks or holds in another version (the pins are
-# this venv's, so both machines run the same code)
-WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "transformers")
+# what the engine imports that the GPU image lacks (pinned to this venv's versions). The image's
+# own transformers stays: a newer one would need a newer huggingface-hub and more.
+WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+          "typing-extensions")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
 LIMIT_MIB = 48  # leaves the rest of a call's 64 MiB to the working tree
