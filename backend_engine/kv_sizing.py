@@ -4,7 +4,7 @@ CUDA: vLLM's `--gpu-memory-utilization` — the replica may use that fraction of
 total memory; the weights, the activations of a profiled largest step, CUDA-graph pools and
 memory outside torch's allocator come out of it, and the KV cache gets the rest. An explicit
 `--num-kv-blocks` or `--kv-cache-memory` wins on any device. Torch-free: the figures come in
-(accel/memory_profile.py measures them on CUDA), so the arithmetic is tested anywhere."""
+(memory_profile.py measures them on CUDA), so the arithmetic is tested anywhere."""
 
 from __future__ import annotations
 

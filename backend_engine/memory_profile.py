@@ -1,13 +1,14 @@
 """Measure what a CUDA replica holds before its KV pool (kv_sizing.MemoryProfile): the weights,
 the activations of a profiling forward at the largest step (a whole `max_num_batched_tokens`
 prompt chunk, and the logits and probabilities of `max_num_seqs` rows), and what libraries took
-outside torch's allocator. `runner` is the ModelRunner being built (this module is below it).
-The profiling step runs over a temporary KV cache just large enough
-for it, which is freed before the pool is allocated."""
+outside torch's allocator. The profiling step runs over a temporary KV cache just large enough
+for it, which is freed before the pool is allocated. `runner` is the ModelRunner being built
+(this module sits below it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from backend_engine.kv_sizing import MemoryProfile
@@ -38,10 +39,10 @@ def profile_tokens(max_num_batched_tokens: int, max_model_len: int) -> int:
 
 
 @torch.inference_mode()
-def run_profile_step(runner, tokens: int, rows: int, max_model_len: int
-                     ) -> torch.Tensor:
+def run_profile_step(runner, tokens: int, rows: int, max_model_len: int) -> torch.Tensor:
     """One forward of a `tokens`-token prompt chunk over runner.kv_caches, then the logits and
-    float32 probabilities of `rows` rows, at most one a token (the sampler's working set); returns the probabilities."""
+    float32 probabilities (returned) of `rows` rows, at most one a token: the sampler's
+    working set."""
     shape = StepShape(prefill_tokens=tokens, attention_pairs=tokens * tokens)
     ids, positions, meta, _ = step_inputs(runner, shape, max_model_len)
     hidden = runner.forward_pass(ids, positions, runner.kv_caches, meta)
