@@ -57,14 +57,20 @@ class EngineConfig:
                               "same")
     num_kv_blocks: int | None = setting(None, "KV cache size in blocks (default: from "
                                         "--kv-cache-memory)", group=KV_CACHE, exclusive="kv size")
-    kv_cache_memory_gb: float = setting(1.0, "KV cache size in GiB, without --num-kv-blocks",
-                                        flag="--kv-cache-memory", metavar="GIB", group=KV_CACHE,
-                                        exclusive="kv size")
+    kv_cache_memory_gb: float | None = setting(
+        None, "KV cache size in GiB (default: 1 on CPU; on CUDA what --gpu-memory-utilization "
+        "leaves)", flag="--kv-cache-memory", metavar="GIB", group=KV_CACHE, exclusive="kv size")
+    gpu_memory_utilization: float = setting(
+        0.9, "CUDA: the fraction of the device's total memory this replica may use (vLLM's "
+        "meaning): weights, the activations of a profiled largest step and CUDA graphs come "
+        "out of it, the KV cache gets the rest", group=KV_CACHE)
     max_model_len: int | None = setting(None, "the longest context (default: the model's "
                                         "max_position_embeddings)")
-    max_num_seqs: int = setting(64, "sequences in one step (the running batch)")
-    max_num_batched_tokens: int = setting(512, "the step's token budget, shared by decode tokens "
-                                          "and prefill chunks")
+    max_num_seqs: int | None = setting(None, "sequences in one step, the running batch "
+                                       "(default: 64 on CPU, 256 on CUDA)")
+    max_num_batched_tokens: int | None = setting(
+        None, "the step's token budget, shared by decode tokens and prefill chunks (default: "
+        "512 on CPU, 8192 on CUDA)")
     long_prefill_token_threshold: int = setting(
         0, "the most tokens one prefill takes of a step (0: the whole budget)", group=UNDER_LOAD)
     enable_prefix_caching: bool = setting(True, "automatic prefix caching",
@@ -143,10 +149,14 @@ class EngineConfig:
     def validate(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a positive power of two")
-        if self.max_num_seqs <= 0:
+        if self.max_num_seqs is not None and self.max_num_seqs <= 0:
             raise ValueError("max_num_seqs must be positive")
-        if self.max_num_batched_tokens <= 0:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
             raise ValueError("max_num_batched_tokens must be positive")
+        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
+            raise ValueError("kv_cache_memory_gb must be positive")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be at least 2")
         if self.speculative_method not in (None, "ngram", "draft"):

@@ -18,6 +18,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.dtype import resolve_dtype
 from backend_engine.errors import ContextLengthExceededError, InvalidRequestError
 from backend_engine.kv_cache_manager import KVCacheManager
+from backend_engine.kv_sizing import step_limits
 from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.metrics import EngineStats
 from backend_engine.model_families import check_config, context_limit
@@ -43,12 +44,15 @@ log = logging.getLogger("kvgate.engine")
 
 
 def for_device(config: EngineConfig) -> EngineConfig:
-    """The config with its device-dependent defaults decided for `config.device`: dtype "auto"
-    and target_itl_ms None (the device's ITL target)."""
+    """The config with its device-dependent defaults decided for `config.device`: dtype "auto",
+    target_itl_ms None (the device's ITL target) and the step limits (the device class's)."""
     itl = config.target_itl_ms
+    seqs, tokens = step_limits(config.device)
     return dataclasses.replace(config, dtype=resolve_dtype(config.dtype, config.device),
                                target_itl_ms=default_target_itl_ms(config.device)
-                               if itl is None else itl)
+                               if itl is None else itl,
+                               max_num_seqs=config.max_num_seqs or seqs,
+                               max_num_batched_tokens=config.max_num_batched_tokens or tokens)
 
 
 class LLMEngine:

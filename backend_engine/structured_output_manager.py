@@ -5,18 +5,22 @@ the matchers."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING
 
-import xgrammar as xgr
-
+from backend_engine.errors import InvalidRequestError
 from backend_engine.metrics import EngineStats
 from backend_engine.sampler import SamplingRow
 from backend_engine.sequence import Sequence
 from backend_engine.structured.bitmask import MaskRow, StepBitmask
-from backend_engine.structured.compiler import GrammarCompilerPool
-from backend_engine.structured.matcher import SequenceGrammar
 from backend_engine.structured.params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+    from backend_engine.structured.compiler import GrammarCompilerPool
 
 log = logging.getLogger("kvgate.engine")
 
@@ -27,18 +31,30 @@ class StructuredOutputManager:
         self._tokenizer = tokenizer
         self._stop_token_ids = sorted(stop_token_ids)
         self.stats = stats
-        self.compiler = GrammarCompilerPool(
-            self._tokenizer_info, on_compiled=lambda s: stats.observe("grammar_compile", s))
+        self.compiler: GrammarCompilerPool | None = None
+        if importlib.util.find_spec("xgrammar") is not None:
+            from backend_engine.structured.compiler import GrammarCompilerPool
+
+            self.compiler = GrammarCompilerPool(
+                self._tokenizer_info, on_compiled=lambda s: stats.observe("grammar_compile", s))
         self._fill_executor = ThreadPoolExecutor(1, thread_name_prefix="kvgate-bitmask")
         self._pending: dict[str, tuple[Future, list[Sequence]]] = {}
         self._step: StepBitmask | None = None
 
     def _tokenizer_info(self) -> xgr.TokenizerInfo:
+        import xgrammar as xgr
+
         return xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
                                                   stop_token_ids=self._stop_token_ids)
 
     def validate(self, params: StructuredOutputsParams) -> None:
-        """Raise InvalidRequestError if the constraint has no grammar (no compilation: fast)."""
+        """Raise InvalidRequestError if the constraint has no grammar (no compilation: fast), or
+        if this replica cannot constrain output at all."""
+        if self.compiler is None:
+            raise InvalidRequestError(
+                "structured outputs (response_format, structured_outputs, forced tool calls) need "
+                "the 'xgrammar' package, which this replica does not have installed",
+                param=params.param, code="unsupported")
         self.compiler.grammar(params)
 
     # -- requests waiting for their grammar -------------------------------------------------
@@ -61,6 +77,8 @@ class StructuredOutputManager:
             if not future.done():
                 continue
             del self._pending[request_id]
+            from backend_engine.structured.matcher import SequenceGrammar
+
             if future.exception() is not None:
                 log.error("grammar compilation failed for %s: %s", request_id, future.exception())
                 failed.append(request_id)
@@ -132,5 +150,6 @@ class StructuredOutputManager:
         return grammar.is_terminated
 
     def shutdown(self) -> None:
-        self.compiler.shutdown()
+        if self.compiler is not None:
+            self.compiler.shutdown()
         self._fill_executor.shutdown(wait=False, cancel_futures=True)

@@ -46,7 +46,7 @@ def server_settings_from_args(args: argparse.Namespace):  # -> ServerSettings
     if settings.api_key is None and os.environ.get(API_KEY_ENV):
         settings.api_key = os.environ[API_KEY_ENV]
     if args.kv_events_config:
-        from backend_engine.server.kv_publisher import KVEventsConfig
+        from backend_engine.server.kv_events_config import KVEventsConfig
 
         KVEventsConfig.from_json(args.kv_events_config)  # a bad value stops start-up here
     return settings

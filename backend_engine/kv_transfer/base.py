@@ -15,8 +15,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from backend_engine.kv_transfer.wire import KVLayout
+if TYPE_CHECKING:  # the wire format needs msgspec, which only a transferring replica loads
+    from backend_engine.kv_transfer.wire import KVLayout
 
 
 @dataclass(slots=True)

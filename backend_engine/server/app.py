@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from backend_engine.server import (chat, completions, info_routes, kv_routes, kv_zmq_events,
-                                   messages, model_routes, ops_routes, pin_routes, responses,
+from backend_engine.server import (chat, completions, info_routes, kv_routes, messages,
+                                   model_routes, ops_routes, pin_routes, responses,
                                    tokenize_routes)
+from backend_engine.server.kv_events_config import KVEventsConfig
 from backend_engine.server.metrics import HTTPMetricsMiddleware, ServerMetrics
 from backend_engine.server.settings import ServerSettings
 from backend_engine.server.state import ServerState
@@ -29,6 +30,17 @@ if TYPE_CHECKING:
     from backend_engine.async_engine import AsyncLLMEngine
 
 
+def _start_kv_publishing(state: ServerState) -> asyncio.Task | None:
+    """The ZMQ KV event publisher's task, when `--kv-events-config` enables one."""
+    text = state.settings.kv_events_config
+    config = KVEventsConfig.from_json(text) if text else None
+    if config is None or not config.enabled:
+        return None
+    from backend_engine.server.kv_zmq_events import publish_forever
+
+    return asyncio.create_task(publish_forever(state, config))
+
+
 def create_app(settings: ServerSettings, engine_factory: Callable[[], "AsyncLLMEngine"]) -> FastAPI:
     state = ServerState(settings)
     metrics = ServerMetrics(state)
@@ -37,7 +49,7 @@ def create_app(settings: ServerSettings, engine_factory: Callable[[], "AsyncLLME
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(state.load(engine_factory))
         draining_metrics = asyncio.create_task(metrics.drain_forever())
-        publishing = kv_zmq_events.start(state)
+        publishing = _start_kv_publishing(state)
         try:
             yield
         finally:

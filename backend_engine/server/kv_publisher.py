@@ -12,62 +12,21 @@ kvgate gateway with `--kv-events`) can follow a kvgate replica exactly.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
 from collections import deque
-from dataclasses import dataclass, fields
 from itertools import count
 
 import msgspec
 import zmq
 
+from backend_engine.server.kv_events_config import KVEventsConfig
 from protocol.kv_events import KVEventBatch, encode_batch, seq_bytes
 
 logger = logging.getLogger(__name__)
 
 END_SEQ = seq_bytes(-1)
-
-
-@dataclass(slots=True)
-class KVEventsConfig:
-    """vLLM's KVEventsConfig, field for field."""
-
-    enable_kv_cache_events: bool = False
-    publisher: str | None = None  # "zmq" or "null"; default: zmq when events are enabled
-    endpoint: str = "tcp://*:5557"
-    replay_endpoint: str | None = None
-    buffer_steps: int = 10_000
-    hwm: int = 100_000
-    max_queue_size: int = 100_000
-    topic: str = ""
-
-    @classmethod
-    def from_json(cls, text: str) -> "KVEventsConfig":
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"--kv-events-config is not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError("--kv-events-config must be a JSON object")
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"--kv-events-config: unknown fields {sorted(unknown)}")
-        config = cls(**data)
-        if config.publisher is None:
-            config.publisher = "zmq" if config.enable_kv_cache_events else "null"
-        if config.publisher not in ("zmq", "null"):
-            raise ValueError(f"--kv-events-config: unknown publisher {config.publisher!r}")
-        for name in ("buffer_steps", "hwm", "max_queue_size"):
-            if not isinstance(getattr(config, name), int) or getattr(config, name) <= 0:
-                raise ValueError(f"--kv-events-config: {name} must be a positive integer")
-        return config
-
-    @property
-    def enabled(self) -> bool:
-        return self.enable_kv_cache_events and self.publisher == "zmq"
 
 
 def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str | None:

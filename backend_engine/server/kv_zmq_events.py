@@ -2,7 +2,8 @@
 batch per engine step that changed the cache, `AllBlocksCleared`, then `BlockRemoved`, then one
 `BlockStored` per chain of stored blocks (parent hash, block hashes, token ids; the request's
 cache salt as the first block's extra key, as vLLM sends it). Block hashes are the canonical
-ones, so a kvgate gateway and any vLLM-event consumer name the same blocks."""
+ones, so a kvgate gateway and any vLLM-event consumer name the same blocks. The app imports this
+module only when publishing is enabled (it needs pyzmq and msgspec)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import time
 from typing import TYPE_CHECKING
 
 from backend_engine.block_pool import BlockOrigin, BlockPool, KVEvent
-from backend_engine.server.kv_publisher import KVEventsConfig, ZmqEventPublisher
+from backend_engine.server.kv_events_config import KVEventsConfig
+from backend_engine.server.kv_publisher import ZmqEventPublisher
 from protocol.kv_events import (MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
                                 BlockStored, KVEventBatch)
 
@@ -53,15 +55,6 @@ def _stored(run: list[tuple[int, BlockOrigin]], model_id: str, block_size: int,
     extra = [(salt,)] + [None] * (len(run) - 1) if salt and first.parent is None else None
     return BlockStored([h for h, _ in run], first.parent, tokens, block_size, None, medium, None,
                        extra_keys=extra)
-
-
-def start(state: ServerState) -> asyncio.Task | None:
-    """The publishing task when `--kv-events-config` enables a zmq publisher."""
-    text = state.settings.kv_events_config
-    config = KVEventsConfig.from_json(text) if text else None
-    if config is None or not config.enabled:
-        return None
-    return asyncio.create_task(publish_forever(state, config))
 
 
 async def publish_forever(state: ServerState, config: KVEventsConfig) -> None:

@@ -89,7 +89,7 @@ class DraftModelProposer:
         logits = sampler.process(logits, [row])
         if seq.params.greedy:
             return int(argmax_rows(logits)[0]), None
-        q = sampler.probs(logits, [row])
+        q = sampler.probs(logits, [row]).cpu()  # drawn by the request's (CPU) generator
         generator = seq.generator or sampler.generator
         return int(torch.multinomial(q[0], 1, generator=generator)), q
 

@@ -1,6 +1,8 @@
 """The step's token bitmask: one row per logits row of a constrained sequence, filled on a worker
-thread while the forward pass runs (xgrammar releases the GIL), applied by the sampler. A mask
-of a few rows is filled at once instead: handing it to the worker costs more than filling it."""
+thread while the forward pass runs (xgrammar releases the GIL), applied by the sampler on the
+logits' device. A mask of a few rows is filled at once instead: handing it to the worker costs
+more than filling it. xgrammar is imported where a mask exists (a request passed validation,
+so it is installed): the sampler imports this module on replicas without it."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
-from backend_engine.structured.matcher import SequenceGrammar
+if TYPE_CHECKING:
+    from backend_engine.structured.matcher import SequenceGrammar
 
 # Below this many rows, filling (~20 us a row) is cheaper than waking the worker (~150 us).
 BACKGROUND_MIN_ROWS = 4
@@ -20,6 +23,8 @@ BACKGROUND_MIN_ROWS = 4
 
 class StepBitmask:
     def __init__(self, num_rows: int, vocab_size: int):
+        import xgrammar as xgr
+
         self.bitmask = xgr.allocate_token_bitmask(num_rows, vocab_size)  # all allowed
         self._future: Future | None = None
 
@@ -58,11 +63,14 @@ def apply_grammar_masks(logits: torch.Tensor, masks: list[MaskRow | None]) -> No
         return
     for step in {id(m.step): m.step for _, m in picked}.values():
         step.wait()
+    import xgrammar as xgr
+
     bitmask = torch.stack([m.step.bitmask[m.row] for _, m in picked])
+    bitmask = bitmask.to(logits.device, non_blocking=True)
     if len(picked) == logits.shape[0]:
         xgr.apply_token_bitmask_inplace(logits, bitmask)
         return
-    index = torch.tensor([i for i, _ in picked])
+    index = torch.tensor([i for i, _ in picked], device=logits.device)
     rows = logits[index]
     xgr.apply_token_bitmask_inplace(rows, bitmask)
     logits[index] = rows

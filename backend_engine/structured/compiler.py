@@ -19,11 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import xgrammar as xgr
 
 from backend_engine.errors import InvalidRequestError
-from backend_engine.structured.params import StructuredOutputsParams
-
-# Runs of whitespace the JSON grammars allow between tokens: enough for pretty-printed output,
-# bounded so that a model cannot loop on blank lines forever.
-MAX_JSON_WHITESPACE = 16
+from backend_engine.structured.params import MAX_JSON_WHITESPACE, StructuredOutputsParams
 log = logging.getLogger("kvgate.engine")
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")
 

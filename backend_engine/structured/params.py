@@ -12,6 +12,9 @@ from backend_engine.errors import InvalidRequestError
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 256 * 1024  # a larger schema or grammar is refused, not compiled
+# Runs of whitespace the JSON grammars allow between tokens: enough for pretty-printed output,
+# bounded so that a model cannot loop on blank lines forever.
+MAX_JSON_WHITESPACE = 16
 
 
 @dataclass(slots=True, frozen=True)

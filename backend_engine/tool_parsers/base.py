@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from backend_engine.structured.compiler import MAX_JSON_WHITESPACE
+from backend_engine.structured.params import MAX_JSON_WHITESPACE
 
 
 @dataclass(slots=True, frozen=True)

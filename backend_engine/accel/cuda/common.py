@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import torch
+import triton.language as tl
 
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) == exp2(x * LOG2E)
 
@@ -21,6 +22,16 @@ def interpreting() -> bool:
 def dot_precision(dtype: torch.dtype) -> str:
     # fp32 caches should give fp32 answers; tf32 would cost ~1e-3 relative error on Ampere+.
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def dot_dtype(dtype: torch.dtype):  # -> tl.dtype
+    """What attention feeds tl.dot: the cache's dtype, except bf16 in the interpreter, whose
+    numpy dot has no bf16: there the bf16 operands are widened to fp32, which is exact (bf16
+    products fit fp32), so the tests see what a GPU's bf16 dot with fp32 accumulation gives."""
+    if dtype == torch.bfloat16 and interpreting():
+        return tl.float32
+    return {torch.float32: tl.float32, torch.float16: tl.float16,
+            torch.bfloat16: tl.bfloat16}[dtype]
 
 
 def check_device(*tensors: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from backend_engine.accel.cuda.common import (LOG2E, KernelInputError, check_device,
-                                           check_paged_cache, dot_precision)
+                                           check_paged_cache, dot_dtype, dot_precision)
 
 BLOCK_N = 64  # context tokens per inner-loop tile
 MIN_DOT = 16  # tl.dot needs every dimension >= 16 on GPUs
@@ -29,7 +29,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
                          stride_qt, stride_qh, stride_bt, stride_slot, stride_head,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                         PRECISION: tl.constexpr):
+                         PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -60,13 +60,15 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
                    + kv_head * stride_head)[:, None] + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        scores = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)),
+                        input_precision=PRECISION) * qk_scale
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT_DTYPE),
+                                              v.to(DOT_DTYPE), input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
@@ -159,7 +161,8 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         query.stride(0), query.stride(1), block_tables.stride(0), k_cache.stride(1),
         k_cache.stride(2), GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=max(MIN_DOT, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, PRECISION=dot_precision(k_cache.dtype))
+        BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, PRECISION=dot_precision(k_cache.dtype),
+        DOT_DTYPE=dot_dtype(k_cache.dtype))
     _merge_splits_kernel[(batch, heads)](
         part_out, part_lse, out, num_splits, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=triton.next_power_of_2(num_splits))

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from backend_engine.accel.cuda.common import (LOG2E, KernelInputError, check_device,
-                                           check_paged_cache, dot_precision)
+                                           check_paged_cache, dot_dtype, dot_precision)
 
 BLOCK_M = 32  # query rows per program
 BLOCK_N = 32  # context tokens per inner-loop tile
@@ -28,7 +28,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_slot,
                     stride_head, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr):
     tile = tl.program_id(0)
     chunk = tl.program_id(1).to(tl.int64)
     head = tl.program_id(2)
@@ -66,7 +66,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
                    + kv_head * stride_head)[:, None] + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        scores = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)),
+                        input_precision=PRECISION) * qk_scale
         visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         if window > 0:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
@@ -78,7 +79,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT_DTYPE),
+                                              v.to(DOT_DTYPE), input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
@@ -124,5 +126,6 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
         block_tables.stride(0), k_cache.stride(1), k_cache.stride(2), GROUP=heads // kv_heads,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        PRECISION=dot_precision(k_cache.dtype))
+        PRECISION=dot_precision(k_cache.dtype),
+        DOT_DTYPE=dot_dtype(k_cache.dtype))
     return out

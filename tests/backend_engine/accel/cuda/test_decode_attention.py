@@ -7,8 +7,9 @@ from backend_engine.accel.cuda.decode_attention import paged_decode_attention
 from tests.backend_engine.accel.cuda.paged_cases import (padded_tables, random_paged_batch,
                                                       reference_attention, step_metadata)
 
-# fp32 differs from the reference only by summation order; fp16 by fp16 rounding of q, K, V, P.
-TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3}
+# fp32 differs from the reference only by summation order; fp16 by fp16 rounding of q, K, V, P;
+# bf16 likewise with 8 bits of mantissa (CUDA's default dtype)
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 # ragged, with 1 and every block-boundary neighbour of 16 and 32 (also tile boundaries at 64)
 RAGGED = [1, 15, 16, 17, 31, 32, 33, 64, 65, 100]
 
@@ -57,6 +58,13 @@ def test_split_count_does_not_change_the_answer(num_splits, device):
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (32, 8, 128)])
 def test_fp16_matches_reference(heads, kv_heads, head_dim, device):
     _run([1, 17, 64, 90], heads, kv_heads, head_dim, 16, torch.float16, device)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,num_splits,window",
+                         [(9, 3, 64, 1, 0), (32, 8, 128, 3, 0), (9, 3, 64, 3, 20)])
+def test_bf16_matches_reference(heads, kv_heads, head_dim, num_splits, window, device):
+    _run([1, 17, 64, 90], heads, kv_heads, head_dim, 16, torch.bfloat16, device,
+         num_splits=num_splits, window=window)
 
 
 def test_a_wrong_block_table_changes_the_answer(device):

@@ -7,7 +7,7 @@ from backend_engine.accel.cuda.prefill_attention import paged_prefill_attention
 from tests.backend_engine.accel.cuda.paged_cases import (padded_tables, random_paged_batch,
                                                       reference_attention, step_metadata)
 
-TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3}
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
 def _run(chunks, heads, kv_heads, head_dim, block_size, dtype, device, seed=0, window=0):
@@ -58,6 +58,13 @@ def test_single_chunk_matches_reference(chunk, device):
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (32, 8, 128)])
 def test_fp16_matches_reference(heads, kv_heads, head_dim, device):
     _run([(0, 20), (16, 16), (3, 9)], heads, kv_heads, head_dim, 16, torch.float16, device)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window",
+                         [(9, 3, 64, 0), (32, 8, 128, 0), (9, 3, 64, 20)])
+def test_bf16_matches_reference(heads, kv_heads, head_dim, window, device):
+    _run([(0, 20), (16, 16), (3, 9)], heads, kv_heads, head_dim, 16, torch.bfloat16, device,
+         window=window)
 
 
 def test_rows_outside_the_chunks_are_left_alone(device):

@@ -11,18 +11,21 @@ from backend_engine.attention.torch_backend import TorchAttention
 from tests.backend_engine.accel.cuda.paged_cases import random_paged_batch, step_metadata
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,window",
-                         [(9, 3, 64, 16, 0), (32, 8, 128, 32, 0), (9, 3, 64, 16, 20)])
-def test_mixed_step_matches_torch_backend(heads, kv_heads, head_dim, block_size, window, device):
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,window,dtype",
+                         [(9, 3, 64, 16, 0, torch.float32), (32, 8, 128, 32, 0, torch.float32),
+                          (9, 3, 64, 16, 20, torch.float32), (9, 3, 64, 16, 0, torch.bfloat16)])
+def test_mixed_step_matches_torch_backend(heads, kv_heads, head_dim, block_size, window, dtype,
+                                          device):
     """Decodes first, then a fresh prompt, a prefix hit and a spec-verify-sized chunk; the new
     K/V go through store_kv first, as the model calls it (and a sliding-window layer's step)."""
     decode_lens, chunks = [1, 17, 40], [(0, 21), (32, 5), (50, 4)]
     context_lens = decode_lens + [p + n for p, n in chunks]
     query_lens = [n for _, n in chunks]
-    batch = random_paged_batch(context_lens, kv_heads, head_dim, block_size, torch.float32, "cpu")
+    batch = random_paged_batch(context_lens, kv_heads, head_dim, block_size, dtype, "cpu")
     meta = step_metadata(batch, len(decode_lens), query_lens, block_size)
     tokens = len(decode_lens) + sum(query_lens)
-    query, key, value = (torch.randn(tokens, h, head_dim) for h in (heads, kv_heads, kv_heads))
+    query, key, value = (torch.randn(tokens, h, head_dim).to(dtype)
+                         for h in (heads, kv_heads, kv_heads))
     scale = head_dim ** -0.5
 
     ref = TorchAttention()
@@ -35,7 +38,9 @@ def test_mixed_step_matches_torch_backend(heads, kv_heads, head_dim, block_size,
     triton_attn.store_kv(key.to(device), value.to(device), k_cache, v_cache, meta.slot_mapping)
     out = triton_attn.forward(query.to(device), k_cache, v_cache, meta, scale, window)
     assert torch.equal(k_cache.cpu(), ref_k) and torch.equal(v_cache.cpu(), ref_v)
-    torch.testing.assert_close(out.cpu(), expected, atol=2e-5, rtol=2e-5)
+    tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=tolerance,
+                               rtol=tolerance)
     first = meta.kernel  # later layers reuse the step's kernel metadata
     triton_attn.forward(query.to(device), k_cache, v_cache, meta, scale)
     assert meta.kernel is first
