@@ -95,7 +95,7 @@ class ChatCompletionRequest(SamplingFields):
         check_tools(check_chat_tools(self.tools or []), choice_name(self.tool_choice))
         check_legacy_functions(self.functions, self.function_call)
         if self.response_format is not None and self.response_format.type != "text" \
-                and self.structured_outputs is not None:
+                and self.structured_outputs is not None and self.structured_outputs.has_constraint:
             raise bad_request("Give either 'response_format' or 'structured_outputs', not both.",
                               "structured_outputs", "invalid_value")
         if self.modalities and any(m != "text" for m in self.modalities):

@@ -21,7 +21,8 @@ from backend_engine.server.logprobs import chat_logprobs
 from backend_engine.server.sampling import chat_sampling_params, check_context_length, engine_error_to_api
 from backend_engine.server.serving import ResponseMeta, serve_generation
 from backend_engine.server.state import ServerState
-from backend_engine.server.structured import CHAT_SCHEMA_PARAM, response_schema, structured_params
+from backend_engine.server.structured import (CHAT_SCHEMA_PARAM, disable_any_whitespace, response_schema,
+                                              structured_params)
 from backend_engine.server.tool_plan import ToolPlan
 from protocol.chat import AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest
 from protocol.parsing import parse_request
@@ -32,10 +33,13 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 def plan_tools(state: ServerState, req: ChatCompletionRequest,
                schema_param: str = CHAT_SCHEMA_PARAM) -> ToolPlan:
     schema = response_schema(req.response_format)
+    extra = req.structured_outputs
+    compact = disable_any_whitespace(state.settings.disable_any_whitespace, extra)
     return ToolPlan.build(req.tool_functions, req.tool_choice_name,
                           req.parallel_tool_calls, state.tool_parser,
-                          None if req.structured_outputs is not None else schema,
-                          structured_params(req.response_format, req.structured_outputs, schema_param))
+                          None if extra is not None and extra.has_constraint else schema,
+                          structured_params(req.response_format, extra, schema_param, compact),
+                          compact)
 
 
 def with_plan(params: SamplingParams, plan: ToolPlan) -> SamplingParams:

@@ -22,6 +22,9 @@ class StructuredOutputsParams:
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # EBNF, as xgrammar (and llama.cpp's GBNF) read it
     structural_tag: str | dict | None = None  # {"type": "structural_tag", "format": {...}}
+    # JSON's whitespace (json, json_object, structural tags): none, as OpenAI writes it, or
+    # with this off at most a space or a newline and bounded indentation per gap (vLLM's name)
+    disable_any_whitespace: bool = True
     # the request field errors should name (e.g. "response_format.json_schema.schema")
     param: str = field(default="structured_outputs", compare=False)
 
@@ -59,5 +62,5 @@ class StructuredOutputsParams:
         return getattr(self, kind)
 
     @property
-    def key(self) -> tuple[str, str]:
-        return self.kind, self.spec_text
+    def key(self) -> tuple[str, str, bool]:
+        return self.kind, self.spec_text, self.disable_any_whitespace
