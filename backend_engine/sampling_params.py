@@ -33,6 +33,9 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs per sampled token (0: just the token's)
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None  # constrained decoding
+    # the output opens with reasoning: structured outputs apply once this text (the end of the
+    # reasoning, "</think>") has been generated (vLLM's rule); None: from the first token
+    reasoning_end: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -169,6 +169,10 @@ class AssistantMessage(BaseModel):
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    # vLLM's and SGLang's reasoning output (--reasoning-parser): the same text in both fields,
+    # `reasoning` being vLLM's newer name
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChoice(BaseModel):
@@ -192,6 +196,8 @@ class ChatCompletion(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")

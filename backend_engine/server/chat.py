@@ -18,6 +18,7 @@ from backend_engine.server.auth import require_api_key
 from backend_engine.server.chat_stream import chat_stream, usage_of
 from backend_engine.server.generation import Started
 from backend_engine.server.logprobs import chat_logprobs
+from backend_engine.server.reasoning_plan import ReasoningPlan
 from backend_engine.server.sampling import chat_sampling_params, check_context_length, engine_error_to_api
 from backend_engine.server.serving import ResponseMeta, serve_generation
 from backend_engine.server.state import ServerState
@@ -73,15 +74,17 @@ async def create_chat_completion(request: Request) -> Response:
     model = state.check_model(req.model)
     plan = plan_tools(state, req)
     prompt = render_prompt(engine, req)
-    params = with_plan(chat_sampling_params(req), plan)
+    thinking = ReasoningPlan.build(state.reasoning_parser, engine.tokenizer, prompt)
+    params = thinking.constrain(with_plan(chat_sampling_params(req), plan))
     meta = ResponseMeta.new("chatcmpl", model, req.request_id or request.headers.get("x-request-id"))
     continuous = bool(req.include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
 
     def render_stream(started: list[Started]) -> AsyncIterator[bytes]:
-        return chat_stream(meta, started, params.n, req.num_logprobs, req.include_usage, continuous, plan)
+        return chat_stream(meta, started, params.n, req.num_logprobs, req.include_usage, continuous, plan,
+                           thinking)
 
     def render_final(outputs: list[RequestOutput]) -> ChatCompletion:
-        return chat_completion(meta, outputs[0], req.num_logprobs, plan)
+        return chat_completion(meta, outputs[0], req.num_logprobs, plan, thinking)
 
     return await serve_generation(
         request, state, meta, [prompt], params, req.cache_salt, bool(req.stream), render_stream, render_final,
@@ -90,13 +93,17 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 def chat_completion(meta: ResponseMeta, out: RequestOutput, num_top: int | None,
-                    plan: ToolPlan) -> ChatCompletion:
+                    plan: ToolPlan, thinking: ReasoningPlan) -> ChatCompletion:
     choices = []
     for c in sorted(out.outputs, key=lambda c: c.index):
-        content, calls, finish_reason = plan.answer(c.text, c.finish_reason)
+        reasoning, text = thinking.split(c.text)
+        content, calls, finish_reason = plan.answer(text, c.finish_reason)
+        if reasoning is not None and not content and not calls:
+            content = None  # cut off while thinking: no answer yet
         choices.append(ChatChoice(
             index=c.index,
-            message=AssistantMessage(content=content, tool_calls=calls),
+            message=AssistantMessage(content=content, tool_calls=calls,
+                                     reasoning_content=reasoning, reasoning=reasoning),
             logprobs=chat_logprobs(c.logprobs, num_top) if num_top is not None else None,
             finish_reason=finish_reason,
             stop_reason=c.stop_reason,

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 
 from backend_engine.outputs import CompletionOutput
 from backend_engine.server.generation import Started, merged
+from backend_engine.reasoning import ReasoningStream
 from backend_engine.server.logprobs import chat_logprobs
+from backend_engine.server.reasoning_plan import ReasoningPlan
 from backend_engine.server.serving import ResponseMeta, aborted_error
 from backend_engine.server.tool_plan import ToolPlan, new_call_id, tool_finish_reason
 from backend_engine.tool_parsers.stream import StreamDelta, ToolCallStream
@@ -19,19 +21,26 @@ from protocol.tools import DeltaFunctionCall, DeltaToolCall
 
 
 class _Choice:
-    """One choice's stream state: its tool-call parser and the calls sent so far."""
+    """One choice's stream state: its reasoning and tool-call parsers and the calls sent so far."""
 
-    def __init__(self, plan: ToolPlan):
+    def __init__(self, plan: ToolPlan, thinking: ReasoningPlan):
         self.plan = plan
+        self.reasoning: ReasoningStream | None = thinking.stream()
         self.tools: ToolCallStream | None = plan.stream()
         self.num_calls = 0
 
     def deltas(self, c: CompletionOutput) -> Iterator[DeltaMessage]:
+        final = c.finish_reason is not None
+        text = c.delta_text
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.feed(text, final)
+            if reasoning:
+                yield DeltaMessage(reasoning_content=reasoning, reasoning=reasoning)
         if self.tools is None:
-            if c.delta_text:
-                yield DeltaMessage(content=c.delta_text)
+            if text:
+                yield DeltaMessage(content=text)
             return
-        found: StreamDelta = self.tools.feed(c.delta_text, final=c.finish_reason is not None)
+        found: StreamDelta = self.tools.feed(text, final=final)
         if found.content:
             yield DeltaMessage(content=found.content)
         for call in self.plan.keep(found.calls, self.num_calls):
@@ -48,8 +57,8 @@ class _Choice:
 
 
 async def chat_stream(meta: ResponseMeta, started: list[Started], n: int, num_top: int | None,
-                      include_usage: bool, continuous_usage: bool, plan: ToolPlan
-                      ) -> AsyncIterator[bytes]:
+                      include_usage: bool, continuous_usage: bool, plan: ToolPlan,
+                      thinking: ReasoningPlan) -> AsyncIterator[bytes]:
     dump = {} if include_usage else {"exclude": {"usage"}}
     usage: Usage | None = None
 
@@ -62,7 +71,7 @@ async def chat_stream(meta: ResponseMeta, started: list[Started], n: int, num_to
 
     for index in range(n):
         yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
-    states = {index: _Choice(plan) for index in range(n)}
+    states = {index: _Choice(plan, thinking) for index in range(n)}
     finished: set[int] = set()
     async for _, out in merged(started):
         usage = usage_of(out)

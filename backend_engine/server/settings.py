@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend_engine.cli_fields import JsonConfig, setting
+from backend_engine.reasoning import CHOICES as REASONING_PARSERS
 from protocol.http import DEFAULT_MAX_BODY_BYTES
 
 SERVER = "server"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
-REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3")
 STRUCTURED_OUTPUTS_CONFIG = JsonConfig(
     "structured_outputs_config",
     'structured outputs, in vLLM\'s keys: \'{"disable_any_whitespace": false}\' lets JSON '
