@@ -87,6 +87,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool | None = True  # vLLM: false leaves the reasoning out of the answer
 
     @model_validator(mode="after")
     def _check_chat(self) -> "ChatCompletionRequest":

@@ -74,7 +74,7 @@ async def create_chat_completion(request: Request) -> Response:
     model = state.check_model(req.model)
     plan = plan_tools(state, req)
     prompt = render_prompt(engine, req)
-    thinking = ReasoningPlan.build(state.reasoning_parser, engine.tokenizer, prompt)
+    thinking = ReasoningPlan.build(state.reasoning_parser, engine.tokenizer, prompt, req.include_reasoning)
     params = thinking.constrain(with_plan(chat_sampling_params(req), plan))
     meta = ResponseMeta.new("chatcmpl", model, req.request_id or request.headers.get("x-request-id"))
     continuous = bool(req.include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
@@ -97,9 +97,9 @@ def chat_completion(meta: ResponseMeta, out: RequestOutput, num_top: int | None,
     choices = []
     for c in sorted(out.outputs, key=lambda c: c.index):
         reasoning, text = thinking.split(c.text)
-        content, calls, finish_reason = plan.answer(text, c.finish_reason)
-        if reasoning is not None and not content and not calls:
-            content = None  # cut off while thinking: no answer yet
+        content, calls, finish_reason = plan.answer(text or "", c.finish_reason)
+        if text is None:
+            content = None  # no answer after the reasoning (cut off while thinking)
         choices.append(ChatChoice(
             index=c.index,
             message=AssistantMessage(content=content, tool_calls=calls,

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 from backend_engine.outputs import CompletionOutput
-from backend_engine.server.generation import Started, merged
 from backend_engine.reasoning import ReasoningStream
+from backend_engine.server.generation import Started, merged
 from backend_engine.server.logprobs import chat_logprobs
 from backend_engine.server.reasoning_plan import ReasoningPlan
 from backend_engine.server.serving import ResponseMeta, aborted_error
@@ -26,6 +26,7 @@ class _Choice:
     def __init__(self, plan: ToolPlan, thinking: ReasoningPlan):
         self.plan = plan
         self.reasoning: ReasoningStream | None = thinking.stream()
+        self.include_reasoning = thinking.include
         self.tools: ToolCallStream | None = plan.stream()
         self.num_calls = 0
 
@@ -34,7 +35,7 @@ class _Choice:
         text = c.delta_text
         if self.reasoning is not None:
             reasoning, text = self.reasoning.feed(text, final)
-            if reasoning:
+            if reasoning and self.include_reasoning:
                 yield DeltaMessage(reasoning_content=reasoning, reasoning=reasoning)
         if self.tools is None:
             if text:

@@ -17,14 +17,15 @@ PROMPT_TAIL_TOKENS = 32  # enough of the prompt to see a think block the templat
 class ReasoningPlan:
     parser: ReasoningParser | None  # None: the reply is all content
     prompt: str = ""  # the rendered prompt's tail
+    include: bool = True  # False (vLLM's include_reasoning): split off, but not returned
 
     @classmethod
-    def build(cls, parser: ReasoningParser | None, tokenizer, prompt: list[int]  # noqa: ANN001
-              ) -> "ReasoningPlan":
+    def build(cls, parser: ReasoningParser | None, tokenizer, prompt: list[int],  # noqa: ANN001
+              include: bool | None = True) -> "ReasoningPlan":
         if parser is None:
             return cls(None)
         return cls(parser, tokenizer.decode(prompt[-PROMPT_TAIL_TOKENS:],
-                                            skip_special_tokens=False))
+                                            skip_special_tokens=False), include is not False)
 
     def constrain(self, params: SamplingParams) -> SamplingParams:
         """The params with structured outputs (a response format, forced tool calls) held back
@@ -34,12 +35,13 @@ class ReasoningPlan:
             return params
         return dataclasses.replace(params, reasoning_end=self.parser.end)
 
-    def split(self, text: str) -> tuple[str | None, str]:
-        """(reasoning, content) of a finished choice."""
+    def split(self, text: str) -> tuple[str | None, str | None]:
+        """(reasoning, content) of a finished choice; content None: no answer after the
+        reasoning (cut off while thinking)."""
         if self.parser is None:
             return None, text
         split = self.parser.split(text, self.parser.starts_in_reasoning(self.prompt), final=True)
-        return split.reasoning, split.content or ""
+        return split.reasoning if self.include else None, split.content
 
     def stream(self) -> ReasoningStream | None:
         return ReasoningStream(self.parser, self.prompt) if self.parser is not None else None

@@ -27,6 +27,7 @@ from protocol.response_objects import (EventWriter, FunctionCallItem, Incomplete
 from protocol.responses import ResponsesRequest
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
+TextItem = OutputMessage | ReasoningItem  # the output items that hold text
 
 
 @router.post("/v1/responses")
@@ -87,7 +88,7 @@ class _View:
     def final(self, out: RequestOutput) -> ResponseObject:
         c = out.outputs[0]
         reasoning, text = self.thinking.split(c.text)
-        content, calls, _ = self.plan.answer(text, c.finish_reason)
+        content, calls, _ = self.plan.answer(text or "", c.finish_reason)
         status = "incomplete" if c.finish_reason == "length" else "completed"
         response = self.skeleton()
         if reasoning:
@@ -123,14 +124,10 @@ class _View:
             if reasoning_stream is not None:
                 reasoning, text = reasoning_stream.feed(text, final)
                 if reasoning:
-                    if thought is None:
-                        thought = ReasoningItem(id=_item_id("rs"), status="in_progress")
-                        for frame in self._open(event, response, thought, ReasoningText(text="")):
-                            yield frame
-                    thought.content[0].text += reasoning
-                    yield event("response.reasoning_text.delta", item_id=thought.id,
-                                output_index=len(response.output) - 1, content_index=0,
-                                delta=reasoning)
+                    frames, thought = self._add_text(event, response, thought, reasoning,
+                                                     ReasoningItem)
+                    for frame in frames:
+                        yield frame
             content, calls = text, []
             if tools is not None:
                 found = tools.feed(text, final)
@@ -142,14 +139,10 @@ class _View:
                     yield frame
                 thought = None
             if content:
-                if message is None:
-                    message = OutputMessage(id=_item_id("msg"), status="in_progress")
-                    for frame in self._open(event, response, message, OutputText(text="")):
-                        yield frame
-                message.content[0].text += content
-                yield event("response.output_text.delta", item_id=message.id,
-                            output_index=len(response.output) - 1, content_index=0,
-                            delta=content, logprobs=[])
+                frames, message = self._add_text(event, response, message, content,
+                                                 OutputMessage)
+                for frame in frames:
+                    yield frame
             for call in calls:
                 if message is not None:
                     for frame in self._close(event, response, message, "completed"):
@@ -167,18 +160,32 @@ class _View:
                 yield event(f"response.{response.status}", response=response)
 
     @staticmethod
-    def _open(event: EventWriter, response: ResponseObject, item: OutputMessage | ReasoningItem,
-              empty: OutputText | ReasoningText):
-        """A message or reasoning item, and its one (empty) text part."""
-        yield event("response.output_item.added", output_index=len(response.output), item=item)
-        item.content.append(empty)
-        response.output.append(item)
-        yield event("response.content_part.added", item_id=item.id,
-                    output_index=len(response.output) - 1, content_index=0, part=empty)
+    def _add_text(event: EventWriter, response: ResponseObject, item: TextItem | None,
+                  text: str, kind: type[TextItem]) -> tuple[list[bytes], TextItem]:
+        """Frames adding `text` to `item` (an answer's message or the reasoning), opening a new
+        item of `kind`, with its one text part, when there is none yet."""
+        frames = []
+        if item is None:
+            prefix, empty = ("rs", ReasoningText(text="")) if kind is ReasoningItem \
+                else ("msg", OutputText(text=""))
+            item = kind(id=_item_id(prefix), status="in_progress")
+            frames.append(event("response.output_item.added", output_index=len(response.output),
+                                item=item))
+            item.content.append(empty)
+            response.output.append(item)
+            frames.append(event("response.content_part.added", item_id=item.id,
+                                output_index=len(response.output) - 1, content_index=0,
+                                part=empty))
+        part = item.content[0]
+        part.text += text
+        extra = {"logprobs": []} if kind is OutputMessage else {}
+        frames.append(event(f"response.{part.type}.delta", item_id=item.id,
+                            output_index=len(response.output) - 1, content_index=0, delta=text,
+                            **extra))
+        return frames, item
 
     @staticmethod
-    def _close(event: EventWriter, response: ResponseObject, item: OutputMessage | ReasoningItem,
-               status: str):
+    def _close(event: EventWriter, response: ResponseObject, item: TextItem, status: str):
         index = response.output.index(item)
         part = item.content[0]
         item.status = status

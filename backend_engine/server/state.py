@@ -13,8 +13,8 @@ from protocol.errors import model_not_found, service_unavailable
 
 if TYPE_CHECKING:
     from backend_engine.async_engine import AsyncLLMEngine
-    from backend_engine.server.settings import ServerSettings
     from backend_engine.reasoning import ReasoningParser
+    from backend_engine.server.settings import ServerSettings
     from backend_engine.tool_parsers import ToolParser
 
 logger = logging.getLogger(__name__)

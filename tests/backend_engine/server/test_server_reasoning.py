@@ -78,6 +78,14 @@ def test_r1_thinking_cut_off_is_all_reasoning_streamed_or_not(servers):
     assert _streamed(r1) == (thought, thought, "", "length")
 
 
+def test_include_reasoning_false_leaves_it_out(servers):
+    r1, _ = servers
+    off = {"include_reasoning": False}
+    message = _create(r1, extra_body=off).choices[0].message
+    assert message.content is None and message.model_extra["reasoning_content"] is None
+    assert _streamed(r1, extra_body=off) == ("", "", "", "length")
+
+
 def test_enable_thinking_false_reaches_the_template_and_the_answer_is_content(servers):
     _, qwen3 = servers
     off = {"chat_template_kwargs": {"enable_thinking": False}}
