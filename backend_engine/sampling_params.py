@@ -36,6 +36,9 @@ class SamplingParams:
     # output tokens generated elsewhere (a migrated stream): replayed as if sampled here, then
     # generation goes on; they count against max_tokens and in the usage's completion tokens
     resume_token_ids: list[int] = field(default_factory=list)
+    # the output opens with reasoning: structured outputs apply once this text (the end of the
+    # reasoning, "</think>") has been generated (vLLM's rule); None: from the first token
+    reasoning_end: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
     from backend_engine.structured.compiler import GrammarCompilerPool
+    from backend_engine.structured.matcher import ReasoningWatch, SequenceGrammar
 
 log = logging.getLogger("kvgate.engine")
 
@@ -40,12 +41,24 @@ class StructuredOutputManager:
         self._fill_executor = ThreadPoolExecutor(1, thread_name_prefix="kvgate-bitmask")
         self._pending: dict[str, tuple[Future, list[Sequence]]] = {}
         self._step: StepBitmask | None = None
+        self._vocab_bytes: list[bytes] | None = None  # for reasoning watches, once needed
 
     def _tokenizer_info(self) -> xgr.TokenizerInfo:
         import xgrammar as xgr
 
         return xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
                                                   stop_token_ids=self._stop_token_ids)
+
+    def _watch(self, seq: Sequence, compiled: xgr.CompiledGrammar) -> ReasoningWatch | None:
+        """What holds the grammar back while the output is reasoning (vLLM's rule)."""
+        end = seq.params.reasoning_end
+        if end is None:
+            return None
+        from backend_engine.structured.matcher import ReasoningWatch  # xgrammar: when used
+
+        if self._vocab_bytes is None:
+            self._vocab_bytes = compiled.tokenizer_info.decoded_vocab
+        return ReasoningWatch(end, self._vocab_bytes)
 
     def validate(self, params: StructuredOutputsParams) -> None:
         """Raise InvalidRequestError if the constraint has no grammar (no compilation: fast), or
@@ -84,7 +97,7 @@ class StructuredOutputManager:
                 failed.append(request_id)
                 continue
             for seq in seqs:
-                seq.grammar = SequenceGrammar(future.result())
+                seq.grammar = SequenceGrammar(future.result(), self._watch(seq, future.result()))
                 for token in seq.output_token_ids:  # a P/D decode side: first tokens came with it
                     seq.grammar.accept(token)
                 ready.append(seq)

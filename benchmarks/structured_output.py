@@ -7,8 +7,12 @@ constrained run decodes under the schema's grammar (bitmask filled while the for
 until the JSON is complete, then the free run decodes each request (ignore_eos) to exactly as many
 tokens as its constrained answer had, so both do the same work but for the grammar. Throughput is
 generated tokens per second of wall time over the whole batch (prefills included, the same for
-both), best of --repeats runs each, the two modes interleaved. Ends with one line of JSON:
-json_schema_ratio_c1, json_schema_ratio_c16 (constrained / free), compile_ms.
+both), best of --repeats runs each, the two modes interleaved. Each row also gives the mean
+tokens a schema answer takes under the default whitespace policy (compact JSON) and under the
+policy before it (any 16 whitespace characters between JSON tokens, its grammar sent as EBNF),
+and how many of those answers finished before --max-tokens. Ends with one line of JSON:
+json_schema_ratio_c1, json_schema_ratio_c16 (constrained / free), compile_ms,
+mean_tokens_compact and mean_tokens_old_whitespace (c=16).
 """
 
 from __future__ import annotations
@@ -49,6 +53,16 @@ def prompts(llm: LLM, count: int, schema: dict) -> list[list[int]]:
             for i in range(count)]
 
 
+def old_whitespace(schema: dict) -> StructuredOutputsParams:
+    """The schema under the whitespace policy kvgate had before compact JSON: any whitespace
+    character, up to 16 in a row, between any two JSON tokens."""
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=True,
+                                           max_whitespace_cnt=16, strict_mode=True)
+    return StructuredOutputsParams(grammar=str(grammar))
+
+
 def throughput(llm: LLM, batch: list[list[int]], params) -> tuple[float, list[int]]:  # noqa: ANN001
     """(generated tokens per second, output tokens of each request)."""
     start = time.perf_counter()
@@ -75,10 +89,15 @@ def compare(model: str, concurrency: int, count: int, max_tokens: int, repeats: 
         free = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
         runs["free"].append(throughput(llm, batch, free)[0])
     masks = llm.engine.stats.drain_observations()["grammar_mask"]
+    old = llm.generate(batch, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                             structured_outputs=old_whitespace(schema)))
+    old_lengths = [len(o.outputs[0].token_ids) for o in old]
     row = {"concurrency": concurrency, "requests": count,
            "free_tok_s": round(max(runs["free"]), 1),
            "json_schema_tok_s": round(max(runs["json_schema"]), 1),
            "mean_tokens": round(statistics.mean(lengths), 1),
+           "mean_tokens_old_whitespace": round(statistics.mean(old_lengths), 1),
+           "finished_old_whitespace": sum(o.outputs[0].finish_reason == "stop" for o in old),
            "mask_fill_ms_per_step": round(1000 * statistics.mean(masks), 3) if masks else None}
     row["ratio"] = round(row["json_schema_tok_s"] / row["free_tok_s"], 3)
     llm.engine.structured.shutdown()
@@ -126,10 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         row = compare(args.model, concurrency, count, args.max_tokens, args.repeats, schema)
         rows.append(row)
         print(f"c={concurrency:<2} free {row['free_tok_s']:7.1f} tok/s   json_schema "
-              f"{row['json_schema_tok_s']:7.1f} tok/s   ratio {row['ratio']:.3f}   mean tokens "
-              f"{row['mean_tokens']}   mask fill {row['mask_fill_ms_per_step']} ms/step", flush=True)
+              f"{row['json_schema_tok_s']:7.1f} tok/s   ratio {row['ratio']:.3f}   mask fill "
+              f"{row['mask_fill_ms_per_step']} ms/step", flush=True)
+        print(f"     mean tokens of a schema answer: compact (default) {row['mean_tokens']}, old "
+              f"whitespace {row['mean_tokens_old_whitespace']} ({row['finished_old_whitespace']}"
+              f"/{count} finished within {args.max_tokens})", flush=True)
     summary = {"json_schema_ratio_c1": rows[0]["ratio"], "json_schema_ratio_c16": rows[1]["ratio"],
-               "compile_ms": round(median, 2), "first_compile_ms": round(first, 1), "runs": rows}
+               "compile_ms": round(median, 2), "first_compile_ms": round(first, 1),
+               "mean_tokens_compact": rows[1]["mean_tokens"],
+               "mean_tokens_old_whitespace": rows[1]["mean_tokens_old_whitespace"], "runs": rows}
     print(json.dumps(summary))
     results_file.write("structured_output", summary, {"args": vars(args)}, argv=argv)
     return 0

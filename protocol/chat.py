@@ -87,6 +87,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool | None = True  # vLLM: false leaves the reasoning out of the answer
 
     @model_validator(mode="after")
     def _check_chat(self) -> "ChatCompletionRequest":
@@ -95,7 +96,7 @@ class ChatCompletionRequest(SamplingFields):
         check_tools(check_chat_tools(self.tools or []), choice_name(self.tool_choice))
         check_legacy_functions(self.functions, self.function_call)
         if self.response_format is not None and self.response_format.type != "text" \
-                and self.structured_outputs is not None:
+                and self.structured_outputs is not None and self.structured_outputs.has_constraint:
             raise bad_request("Give either 'response_format' or 'structured_outputs', not both.",
                               "structured_outputs", "invalid_value")
         if self.modalities and any(m != "text" for m in self.modalities):
@@ -169,6 +170,10 @@ class AssistantMessage(BaseModel):
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    # vLLM's and SGLang's reasoning output (--reasoning-parser): the same text in both fields,
+    # `reasoning` being vLLM's newer name
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChoice(TokenIdsChoice):
@@ -192,6 +197,8 @@ class ChatCompletion(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")

@@ -33,7 +33,7 @@ class CompletionRequest(SamplingFields):
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise unsupported("best_of", "best_of different from n")
         if self.response_format is not None and self.response_format.type != "text" \
-                and self.structured_outputs is not None:
+                and self.structured_outputs is not None and self.structured_outputs.has_constraint:
             raise bad_request("Give either 'response_format' or 'structured_outputs', not both.",
                               "structured_outputs", "invalid_value")
         prompts = self.prompt

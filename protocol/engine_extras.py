@@ -38,8 +38,9 @@ NOOP: dict[str, tuple] = {
     "lora_path": (), "session_params": (), "custom_logit_processor": (), "custom_params": ({},),
     "images_config": (), "bootstrap_host": (), "bootstrap_port": (), "bootstrap_room": (),
 }
-# Dropped whatever the value: they steer routing or presentation we do not have (no reasoning
-# parser: nothing to separate or stream apart), or label the request.
+# Dropped whatever the value: they steer routing or presentation we do not have (reasoning is
+# always separated and streamed apart when the replica runs a reasoning parser), or label the
+# request.
 ADVISORY = frozenset({
     "separate_reasoning", "stream_reasoning", "rid", "extra_key", "custom_labels", "session_id",
     "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "ngram_corpus_id",

@@ -1,5 +1,5 @@
-"""What `/v1/responses` returns: the response object with its output items (a message with its
-output text, function calls), usage, and the server-sent events of a streamed response."""
+"""What `/v1/responses` returns: the response object with its output items (reasoning, a message
+with its output text, function calls), usage, and the server-sent events of a streamed response."""
 
 from __future__ import annotations
 
@@ -36,7 +36,22 @@ class FunctionCallItem(BaseModel):
     status: Status
 
 
-OutputItem = OutputMessage | FunctionCallItem
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """The model's reasoning (`--reasoning-parser`), before its message or calls."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText] = Field(default_factory=list)
+    status: Status
+
+
+OutputItem = OutputMessage | FunctionCallItem | ReasoningItem
 
 
 class InputTokensDetails(BaseModel):

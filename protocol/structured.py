@@ -90,7 +90,8 @@ class ResponseFormat(StrictModel):
 
 
 class StructuredOutputs(StrictModel):
-    """vLLM's `structured_outputs` request extra: exactly one constraint."""
+    """vLLM's `structured_outputs` request extra: exactly one constraint, and options; options
+    alone (say `disable_any_whitespace`) tune the constraint `response_format` asks for."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
     json_schema: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
@@ -98,11 +99,12 @@ class StructuredOutputs(StrictModel):
     choice: list[str] | None = Field(default=None, min_length=1)
     grammar: str | None = Field(default=None, min_length=1)
     json_object: bool | None = None
+    disable_any_whitespace: bool | None = None  # None: the server's setting
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "StructuredOutputs":
         given = [name for name, value in self.constraint().items()]
-        if len(given) != 1:
+        if len(given) != 1 and (given or self.disable_any_whitespace is None):
             raise bad_request("'structured_outputs' takes exactly one of json, regex, choice, "
                               f"grammar, json_object (got {', '.join(given) or 'none'}).",
                               "structured_outputs", "invalid_value")
@@ -112,6 +114,10 @@ class StructuredOutputs(StrictModel):
             raise bad_request("'structured_outputs.choice' must hold non-empty strings.",
                               "structured_outputs.choice", "invalid_value")
         return self
+
+    @property
+    def has_constraint(self) -> bool:
+        return bool(self.constraint())
 
     def constraint(self) -> dict[str, Any]:
         """The one constraint given, with vLLM's field names."""

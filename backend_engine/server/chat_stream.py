@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 from backend_engine.outputs import CompletionOutput
+from backend_engine.reasoning import ReasoningStream
 from backend_engine.server.generation import Started, merged
 from backend_engine.server.logprobs import chat_logprobs
+from backend_engine.server.reasoning_plan import ReasoningPlan
 from backend_engine.server.serving import ResponseMeta, aborted_error
 from backend_engine.server.tool_plan import ToolPlan, new_call_id, tool_finish_reason
 from backend_engine.tool_parsers.stream import StreamDelta, ToolCallStream
@@ -19,19 +21,27 @@ from protocol.tools import DeltaFunctionCall, DeltaToolCall
 
 
 class _Choice:
-    """One choice's stream state: its tool-call parser and the calls sent so far."""
+    """One choice's stream state: its reasoning and tool-call parsers and the calls sent so far."""
 
-    def __init__(self, plan: ToolPlan):
+    def __init__(self, plan: ToolPlan, thinking: ReasoningPlan):
         self.plan = plan
+        self.reasoning: ReasoningStream | None = thinking.stream()
+        self.include_reasoning = thinking.include
         self.tools: ToolCallStream | None = plan.stream()
         self.num_calls = 0
 
     def deltas(self, c: CompletionOutput) -> Iterator[DeltaMessage]:
+        final = c.finish_reason is not None
+        text = c.delta_text
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.feed(text, final)
+            if reasoning and self.include_reasoning:
+                yield DeltaMessage(reasoning_content=reasoning, reasoning=reasoning)
         if self.tools is None:
-            if c.delta_text:
-                yield DeltaMessage(content=c.delta_text)
+            if text:
+                yield DeltaMessage(content=text)
             return
-        found: StreamDelta = self.tools.feed(c.delta_text, final=c.finish_reason is not None)
+        found: StreamDelta = self.tools.feed(text, final=final)
         if found.content:
             yield DeltaMessage(content=found.content)
         for call in self.plan.keep(found.calls, self.num_calls):
@@ -44,8 +54,10 @@ class _Choice:
                 index=index, function=DeltaFunctionCall(arguments=call.arguments))])
 
     def prime(self, sent: str) -> None:
-        """A resumed stream: feed the parser the text another replica already streamed, and
+        """A resumed stream: feed the parsers the text another replica already streamed, and
         count the calls it sent, so what follows the seam parses as if nothing broke."""
+        if self.reasoning is not None and sent:
+            _, sent = self.reasoning.feed(sent, False)
         if self.tools is not None and sent:
             found = self.tools.feed(sent, final=False)
             self.num_calls += len(self.plan.keep(found.calls, self.num_calls))
@@ -56,19 +68,22 @@ class _Choice:
 
 async def chat_stream(meta: ResponseMeta, started: list[Started], n: int, num_top: int | None,
                       include_usage: bool, continuous_usage: bool, plan: ToolPlan,
-                      token_ids: bool = False, resumed: bool = False) -> AsyncIterator[bytes]:
+                      thinking: ReasoningPlan, token_ids: bool = False,
+                      resumed: bool = False) -> AsyncIterator[bytes]:
     """`token_ids`: the last chunk of each engine output carries its new token ids (a chunk
     with an empty delta when its text is held back), so a reader that holds each output's chunks
     until then knows which tokens the text it passed on came from. `resumed`: the request
     continues another replica's stream (resume_token_ids)."""
     dump = {} if include_usage else {"exclude": {"usage"}}
-    async for chunk in chat_chunks(meta, started, n, num_top, include_usage, continuous_usage, plan):
+    async for chunk in chat_chunks(meta, started, n, num_top, include_usage, continuous_usage,
+                                   plan, thinking, token_ids, resumed):
         yield sse_data(chunk, **dump)
     yield DONE
 
 
 async def chat_chunks(meta: ResponseMeta, started: list[Started], n: int, num_top: int | None,
-                      include_usage: bool, continuous_usage: bool, plan: ToolPlan
+                      include_usage: bool, continuous_usage: bool, plan: ToolPlan,
+                      thinking: ReasoningPlan, token_ids: bool = False, resumed: bool = False
                       ) -> AsyncIterator[ChatCompletionChunk]:
     """The stream's chunks as objects (the Messages API translates them into its events)."""
     usage: Usage | None = None
@@ -81,7 +96,7 @@ async def chat_chunks(meta: ResponseMeta, started: list[Started], n: int, num_to
 
     for index in range(n):
         yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
-    states = {index: _Choice(plan) for index in range(n)}
+    states = {index: _Choice(plan, thinking) for index in range(n)}
     finished: set[int] = set()
     async for _, out in merged(started):
         usage = usage_of(out)

@@ -16,7 +16,7 @@ from backend_engine.server.logprobs import legacy_logprobs, merge_legacy
 from backend_engine.server.sampling import check_context_length, completion_sampling_params
 from backend_engine.server.serving import ResponseMeta, aborted_error, serve_generation
 from backend_engine.server.state import ServerState
-from backend_engine.server.structured import structured_params
+from backend_engine.server.structured import disable_any_whitespace, structured_params
 from protocol.common import Usage
 from protocol.completions import Completion, CompletionChoice, CompletionRequest, LegacyLogprobs
 from protocol.errors import bad_request
@@ -43,7 +43,8 @@ async def create_completion(request: Request) -> Response:
     if req.resume_token_ids and len(prompts) > 1:
         raise bad_request("'resume_token_ids' continues one prompt's sample.", "resume_token_ids", "invalid_value")
     params = completion_sampling_params(req)
-    params.structured_outputs = structured_params(req.response_format, req.structured_outputs)
+    compact = disable_any_whitespace(state.settings.disable_any_whitespace, req.structured_outputs)
+    params.structured_outputs = structured_params(req.response_format, req.structured_outputs, compact=compact)
     meta = ResponseMeta.new("cmpl", model, req.request_id or request.headers.get("x-request-id"))
     echo = [tokenizer.decode(ids) if req.echo else "" for ids in prompts]
     first_tokens = [tokenizer.decode(ids[:1]) for ids in prompts]

@@ -19,6 +19,7 @@ from backend_engine.server.chat import (chat_completion, plan_tools, render_prom
                                         with_plan)
 from backend_engine.server.chat_stream import chat_chunks
 from backend_engine.server.generation import Started
+from backend_engine.server.reasoning_plan import ReasoningPlan
 from backend_engine.server.sampling import chat_sampling_params
 from backend_engine.server.serving import ResponseMeta, serve_generation
 from backend_engine.server.state import ServerState
@@ -39,19 +40,22 @@ async def create_message(request: Request) -> Response:
     chat = to_chat(req, stream_usage=True)
     plan = plan_tools(state, chat)
     prompt = render_prompt(engine, chat)
-    params = with_plan(chat_sampling_params(chat), plan)
+    thinking = ReasoningPlan.build(state.reasoning_parser, engine.tokenizer, prompt,
+                                   chat.include_reasoning)
+    params = thinking.constrain(with_plan(chat_sampling_params(chat), plan))
     meta = ResponseMeta(id=f"msg_{secrets.token_hex(12)}", created=int(time.time()), model=model)
 
     async def render_stream(started: list[Started]) -> AsyncIterator[bytes]:
         events = MessageEvents(meta.id, meta.model, req.stop_sequences)
-        async for chunk in chat_chunks(meta, started, 1, None, True, True, plan):
+        async for chunk in chat_chunks(meta, started, 1, None, True, True, plan, thinking):
             for frame in events.feed(chunk):
                 yield frame
         for frame in events.close():
             yield frame
 
     def render_final(outputs: list[RequestOutput]) -> Message:
-        return message_of(chat_completion(meta, outputs[0], None, plan), req.stop_sequences)
+        return message_of(chat_completion(meta, outputs[0], None, plan, thinking),
+                          req.stop_sequences)
 
     return await serve_generation(
         request, state, meta, [prompt], params, chat.cache_salt, bool(req.stream), render_stream,

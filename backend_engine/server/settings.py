@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend_engine.cli_fields import setting
+from backend_engine.cli_fields import JsonConfig, setting
+from backend_engine.reasoning import CHOICES as REASONING_PARSERS
 from protocol.http import DEFAULT_MAX_BODY_BYTES
 
 SERVER = "server"
 API_KEY_ENV = "KVGATE_API_KEY"  # the replica's key when --api-key is not given
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+STRUCTURED_OUTPUTS_CONFIG = JsonConfig(
+    "structured_outputs_config",
+    'structured outputs, in vLLM\'s keys: \'{"disable_any_whitespace": false}\' lets JSON '
+    "answers (json_schema, json_object, forced tool calls) hold pretty whitespace")
 
 
 @dataclass(slots=True)
@@ -40,3 +45,11 @@ class ServerSettings:
     tool_call_parser: str = setting("auto", "how tool calls are read from (and forced into) the "
                                     "model's output; auto: by its tokenizer",
                                     choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str = setting(
+        "auto", "how reasoning (<think>…</think>) is split from the answer into "
+        "reasoning_content; auto: by the chat template where it is unambiguous; none: off",
+        choices=REASONING_PARSERS)
+    disable_any_whitespace: bool = setting(
+        True, "JSON answers are compact, as OpenAI writes them (true), or may hold at most a "
+        "space or a newline and 16 of indentation between tokens (false); a request's "
+        "structured_outputs.disable_any_whitespace overrides it", json=STRUCTURED_OUTPUTS_CONFIG)

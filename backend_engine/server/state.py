@@ -13,6 +13,7 @@ from protocol.errors import model_not_found, service_unavailable
 
 if TYPE_CHECKING:
     from backend_engine.async_engine import AsyncLLMEngine
+    from backend_engine.reasoning import ReasoningParser
     from backend_engine.server.settings import ServerSettings
     from backend_engine.tool_parsers import ToolParser
 
@@ -33,6 +34,10 @@ class ServerState:
         self._idle.set()
         self.abort_in_flight = asyncio.Event()  # set when a drain's grace period is over
         self._tool_parser: "ToolParser | None" = None
+        from backend_engine.reasoning import check_name
+
+        check_name(settings.reasoning_parser)  # a bad name fails at start-up, not per request
+        self.reasoning_parser: "ReasoningParser | None" = None  # set once the model is loaded
 
     async def load(self, engine_factory: Callable[[], "AsyncLLMEngine"]) -> None:
         """Build the engine in a worker thread (so /health answers 503 meanwhile), then start it."""
@@ -48,6 +53,7 @@ class ServerState:
             self.phase = FAILED
             return
         self.engine = engine
+        self.reasoning_parser = reasoning_parser_of(self.settings.reasoning_parser, engine.tokenizer)
         if self.phase == LOADING:
             self.phase = READY
         logger.info("engine ready: model %s, max_model_len %d", engine.model_id, engine.max_model_len)
@@ -130,3 +136,21 @@ class ServerState:
 
     def stop(self) -> None:
         self.phase = STOPPED
+
+
+def reasoning_parser_of(name: str, tokenizer) -> "ReasoningParser | None":  # noqa: ANN001
+    """--reasoning-parser for this model ("auto": by its chat template), logged."""
+    from backend_engine.reasoning import parser_for
+
+    template = getattr(tokenizer, "chat_template", None)
+    probe = ""
+    if name == "auto" and isinstance(template, str):
+        try:
+            probe = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}],
+                                                  add_generation_prompt=True, tokenize=False)
+        except Exception:  # a template that needs more than one user message: no probe
+            probe = ""
+    parser = parser_for(name, template if isinstance(template, str) else None, probe)
+    if parser is not None:
+        logger.info("reasoning parser: %s", parser.name)
+    return parser

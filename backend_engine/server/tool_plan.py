@@ -26,16 +26,19 @@ class ToolPlan:
     @classmethod
     def build(cls, functions: list[FunctionDefinition], choice: str, parallel: bool | None,
               parser: ToolParser, content_schema: dict | None,
-              constraint: StructuredOutputsParams | None) -> "ToolPlan":
-        """`content_schema`: a JSON response format; `constraint`: the request's own one."""
+              constraint: StructuredOutputsParams | None,
+              disable_any_whitespace: bool = True) -> "ToolPlan":
+        """`content_schema`: a JSON response format; `constraint`: the request's own one;
+        `disable_any_whitespace`: the JSON whitespace policy of forced calls' arguments."""
         parallel = parallel is not False
-        plan = cls._build(functions, choice, parallel, parser, content_schema, constraint)
+        plan = cls._build(functions, choice, parallel, parser, content_schema, constraint,
+                          disable_any_whitespace)
         return plan if parallel else dataclasses.replace(plan, max_calls=1)
 
     @classmethod
     def _build(cls, functions: list[FunctionDefinition], choice: str, parallel: bool,
                parser: ToolParser, content_schema: dict | None,
-               constraint: StructuredOutputsParams | None) -> "ToolPlan":
+               constraint: StructuredOutputsParams | None, compact: bool) -> "ToolPlan":
         if not functions or choice == "none":
             return cls(None, "none", parallel, constraint)
         if constraint is not None and content_schema is None:
@@ -50,7 +53,8 @@ class ToolPlan:
         else:
             tag = parser.forced_format(signatures, choice, parallel)
         return cls(parser, choice, parallel,
-                   StructuredOutputsParams(structural_tag=tag, param="tools"))
+                   StructuredOutputsParams(structural_tag=tag, param="tools",
+                                           disable_any_whitespace=compact))
 
     @property
     def skip_special_tokens_off(self) -> bool:

@@ -19,7 +19,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import xgrammar as xgr
 
 from backend_engine.errors import InvalidRequestError
-from backend_engine.structured.params import MAX_JSON_WHITESPACE, StructuredOutputsParams
+from backend_engine.structured.params import StructuredOutputsParams
+
+# Pretty JSON (disable_any_whitespace off): a gap between tokens holds at most a space, or a
+# newline and this much indentation (llama.cpp's rule), so a model cannot loop on blank lines.
+MAX_JSON_INDENT = 16
 log = logging.getLogger("kvgate.engine")
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")
 
@@ -36,11 +40,11 @@ _LOOSE_CHARS = '[^\\"\\\\\\r\\n]'
 _JSON_CHARS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
 
 
-# xgrammar's structural tags (the forced tool-call formats) take no whitespace bound: the JSON
-# inside them allows unbounded runs, on which a small model can loop until max_tokens. Those
-# runs are rewritten to the bound the JSON-schema grammars get.
-_ANY_WHITESPACE = "[ \\n\\r\\t]* "
-_WHITESPACE_RULE = "kvgate_whitespace"
+# JSON grammars are built with xgrammar's unbounded gaps (the one spelling every JSON grammar,
+# structural tags included, prints), then each gap is rewritten to the whitespace policy.
+_GAP = "[ \\n\\r\\t]*"
+_GAP_RULE = "kvgate_json_gap"
+
 
 # xgrammar (0.2.x) prints a code point below U+0100 as \xHH but reads \x with every hex digit
 # that follows, so "é" then "a" printed as "\xe9a" reads back as U+0E9A. Before a printed
@@ -53,14 +57,19 @@ def _unambiguous_escapes(text: str) -> str:
                        else m[0], text)
 
 
-def tightened(grammar: xgr.Grammar, bound_whitespace: bool = False) -> xgr.Grammar:
-    """The grammar with JSON strings held to JSON's characters and, if asked, whitespace runs
-    bounded by MAX_JSON_WHITESPACE."""
+def tightened(grammar: xgr.Grammar, disable_any_whitespace: bool = True) -> xgr.Grammar:
+    """The JSON grammar with strings held to JSON's characters and its gaps to the whitespace
+    policy: none (compact, as OpenAI's structured outputs write JSON) or, with
+    `disable_any_whitespace` off, at most a space or a newline and MAX_JSON_INDENT of
+    indentation."""
     text = str(grammar)
     new = text.replace(_LOOSE_CHARS, _JSON_CHARS)
-    if bound_whitespace and _ANY_WHITESPACE in new:
-        new = (new.replace(_ANY_WHITESPACE, f"{_WHITESPACE_RULE}{{0, {MAX_JSON_WHITESPACE}}} ")
-               + f"\n{_WHITESPACE_RULE} ::= [ \\n\\r\\t]\n")
+    if _GAP in new:
+        if disable_any_whitespace:
+            new = new.replace(_GAP, '""')
+        else:
+            new = (new.replace(_GAP, _GAP_RULE)
+                   + f'\n{_GAP_RULE} ::= "" | " " | "\\n" [ \\t]{{0, {MAX_JSON_INDENT}}}\n')
     if new == text:
         return grammar
     try:
@@ -84,7 +93,7 @@ def grammar_of(params: StructuredOutputsParams) -> xgr.Grammar:
     grammar = _build(params)
     if params.kind not in _WITH_JSON:
         return grammar
-    return tightened(grammar, bound_whitespace=params.kind == "structural_tag")
+    return tightened(grammar, params.disable_any_whitespace)
 
 
 _WITH_JSON = ("json", "json_object", "structural_tag")
@@ -95,12 +104,10 @@ def _build(params: StructuredOutputsParams) -> xgr.Grammar:
     try:
         if kind == "json":
             return xgr.Grammar.from_json_schema(_schema_text(params), any_whitespace=True,
-                                                max_whitespace_cnt=MAX_JSON_WHITESPACE,
                                                 strict_mode=True)
         if kind == "json_object":
             return xgr.Grammar.from_json_schema(json.dumps({"type": "object"}),
-                                                any_whitespace=True,
-                                                max_whitespace_cnt=MAX_JSON_WHITESPACE)
+                                                any_whitespace=True)
         if kind == "regex":
             return xgr.Grammar.from_regex(params.regex)
         if kind == "structural_tag":

@@ -12,9 +12,6 @@ from backend_engine.errors import InvalidRequestError
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 256 * 1024  # a larger schema or grammar is refused, not compiled
-# Runs of whitespace the JSON grammars allow between tokens: enough for pretty-printed output,
-# bounded so that a model cannot loop on blank lines forever.
-MAX_JSON_WHITESPACE = 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -25,6 +22,9 @@ class StructuredOutputsParams:
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # EBNF, as xgrammar (and llama.cpp's GBNF) read it
     structural_tag: str | dict | None = None  # {"type": "structural_tag", "format": {...}}
+    # JSON's whitespace (json, json_object, structural tags): none, as OpenAI writes it, or
+    # with this off at most a space or a newline and bounded indentation per gap (vLLM's name)
+    disable_any_whitespace: bool = True
     # the request field errors should name (e.g. "response_format.json_schema.schema")
     param: str = field(default="structured_outputs", compare=False)
 
@@ -62,5 +62,5 @@ class StructuredOutputsParams:
         return getattr(self, kind)
 
     @property
-    def key(self) -> tuple[str, str]:
-        return self.kind, self.spec_text
+    def key(self) -> tuple[str, str, bool]:
+        return self.kind, self.spec_text, self.disable_any_whitespace

@@ -8,8 +8,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from backend_engine.structured.params import MAX_JSON_WHITESPACE
-
 
 @dataclass(slots=True, frozen=True)
 class ParsedToolCall:
@@ -100,8 +98,7 @@ class ToolParser:
         """Either content matching `content_schema` or calls (tool_choice auto together with a
         JSON response format)."""
         calls = self.forced_format(functions, "required")["format"]
-        content = {"type": "json_schema", "json_schema": content_schema,
-                   "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+        content = {"type": "json_schema", "json_schema": content_schema}
         return self.structural_tag({"type": "or", "elements": [content, calls]})
 
     @staticmethod
@@ -110,5 +107,4 @@ class ToolParser:
 
     @staticmethod
     def arguments_format(parameters: dict) -> dict:
-        return {"type": "json_schema", "json_schema": parameters or {"type": "object"},
-                "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+        return {"type": "json_schema", "json_schema": parameters or {"type": "object"}}

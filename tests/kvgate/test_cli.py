@@ -150,11 +150,26 @@ def test_the_plan_flags_and_the_old_grouped_flags_are_gone(flag, capsys):
     (("--kv-transfer-config", "[1]"), "argument --kv-transfer-config: expected a JSON object"),
     (("--engine-option", "compiled"), "argument --engine-option: expected KEY=VALUE"),
     (("--target-itl-ms", "fast"), "argument --target-itl-ms: 'fast' is not a number"),
+    (("--reasoning-parser", "deepseek"),
+     "argument --reasoning-parser: 'deepseek' is not one of auto, none, deepseek_r1, qwen3"),
+    (("--structured-outputs-config", '{"disable_any_whitespace": "sometimes"}'),
+     "argument --structured-outputs-config: disable_any_whitespace: 'sometimes' is not true or false"),
+    (("--structured-outputs-config", '{"backend": "outlines"}'),
+     r"argument --structured-outputs-config: unknown key\(s\) backend; known: disable_any_whitespace"),
 ])
 def test_bad_flag_values_exit_2_naming_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse("engine", *argv)
     assert exit_.value.code == 2 and re.search(message, capsys.readouterr().err)
+
+
+def test_structured_outputs_config_and_reasoning_parser_take_vllms_names():
+    settings = server_settings_from_args(parse("engine", "--reasoning-parser", "deepseek_r1",
+                                               "--structured-outputs-config",
+                                               '{"disable_any_whitespace": false}'))
+    assert settings.reasoning_parser == "deepseek_r1" and settings.disable_any_whitespace is False
+    defaults = server_settings_from_args(parse("engine"))
+    assert defaults.reasoning_parser == "auto" and defaults.disable_any_whitespace is True
 
 
 def test_speculative_config_takes_vllms_keys():

@@ -165,3 +165,14 @@ def test_templates_without_tools_get_them_in_the_system_message():
     assert adapt_to_template(native, history, tools) == (history, tools)
     messages, _ = adapt_to_template("{{ messages }}", history[1:2], tools)
     assert messages[0]["role"] == "system" and messages[1] == history[1]
+
+
+def test_the_whitespace_option_stands_alone_or_beside_a_constraint():
+    alone = chat(response_format={"type": "json_object"},
+                 structured_outputs={"disable_any_whitespace": False})
+    assert alone.structured_outputs.disable_any_whitespace is False
+    assert not alone.structured_outputs.has_constraint
+    both = chat(structured_outputs={"json": {"type": "object"}, "disable_any_whitespace": True})
+    assert both.structured_outputs.constraint() == {"json": {"type": "object"}}
+    assert rejected(chat, structured_outputs={"disable_any_whitespace": "no"}).param \
+        == "structured_outputs.disable_any_whitespace"
