@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from kvgate.launcher.envoy import EnvoySettings, envoy_command, render
+from kvgate.launcher.envoy import EnvoySettings, envoy_command
 from kvgate.launcher.plan import free_port
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -119,10 +119,8 @@ class EnvoyTier(Tier):
         picker = self._kvgate("picker", http_port, "--grpc-port", str(grpc_port))
         wait_ready(f"http://127.0.0.1:{http_port}/health", picker)
         port, admin_port = free_port(), free_port()
-        bootstrap = self.log.with_name("envoy.yaml")
-        bootstrap.write_text(render(EnvoySettings(f"127.0.0.1:{grpc_port}", self.replica_urls,
-                                                  port=port, admin_port=admin_port,
-                                                  response_body=self.response_body)))
-        envoy = self._spawn("envoy", envoy_command(bootstrap, self.envoy_concurrency))
+        settings = EnvoySettings(f"127.0.0.1:{grpc_port}", self.replica_urls, port=port,
+                                 admin_port=admin_port, response_body=self.response_body)
+        envoy = self._spawn("envoy", envoy_command(settings, self.envoy_concurrency))
         wait_ready(f"http://127.0.0.1:{admin_port}/ready", envoy)
         self.url = f"http://127.0.0.1:{port}"

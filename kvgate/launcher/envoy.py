@@ -171,13 +171,11 @@ def envoy_binary() -> str:
     return found
 
 
-def envoy_command(bootstrap_path: str | Path, concurrency: int = 1, log_level: str = "warn") -> list[str]:
-    """The command line that runs Envoy on a bootstrap written by `render`. Its own `--base-id`
-    (from the listener port) lets several Envoys share a machine."""
-    port = yaml.safe_load(Path(bootstrap_path).read_text())[
-        "static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
-    return [envoy_binary(), "-c", str(bootstrap_path), "--log-level", log_level,
-            "--concurrency", str(concurrency), "--base-id", str(port)]
+def envoy_command(s: EnvoySettings, concurrency: int = 1, log_level: str = "warn") -> list[str]:
+    """The command line that runs Envoy with the bootstrap `render(s)` given inline. Its own
+    `--base-id` (the listener's port) lets several Envoys share a machine."""
+    return [envoy_binary(), "--config-yaml", render(s), "--log-level", log_level,
+            "--concurrency", str(concurrency), "--base-id", str(s.port)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

