@@ -12,8 +12,9 @@ per step, `--step-s` seconds each, `--search-budget-s` per tier) for the highest
 every request succeeds, completions keep up with arrivals, and p99 stays under the bound.
 
 Part 2, routing quality: `--replicas` real replicas of the default model (2 by default, for a
-shared 2-core machine), started fresh for each tier, serve_bench's multi_tenant workload
-(the `--compare-policies --quick` sizing) through each tier: cached-token ratio and TTFT p50.
+shared 2-core machine; eager unless `--compiled`), started fresh for each tier, serve_bench's
+multi_tenant workload (the `--compare-policies --quick` sizing) through each tier: cached-token
+ratio and TTFT p50.
 
 The last line is JSON: {"max_rate_vs_gateway", "cached_ratio_envoy", "cached_ratio_gateway",
 "added_p99_ms_envoy", "added_p99_ms_gateway", ...}.
@@ -53,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
     p.add_argument("--replicas", type=int, default=2, help="real replicas for part 2")
     p.add_argument("--concurrency", type=int, default=8, help="part 2's requests in flight")
+    p.add_argument("--compiled", action="store_true",
+                   help="part 2's replicas compile their graphs (default: eager, a quick start on a busy machine)")
     p.add_argument("--skip-quality", action="store_true", help="part 1 only")
     p.add_argument("--quick", action="store_true", help="short runs (a smoke test of the script)")
     a = p.parse_args(argv)
@@ -142,7 +145,8 @@ def quality(args: argparse.Namespace, say) -> dict:
     out = {}
     for name, tier_class in TIERS.items():
         # Fresh replicas per tier: both start from empty caches and zeroed counters.
-        spec = ClusterSpec(replicas=args.replicas, gateways=0, num_kv_blocks=setup.num_kv_blocks)
+        spec = ClusterSpec(replicas=args.replicas, gateways=0, num_kv_blocks=setup.num_kv_blocks,
+                           enforce_eager=not args.compiled)
         with Cluster(spec, say=say) as cluster:
             tokenizer = f"*={tokenizer_folder(cluster.config.model)}"
             with tier_class(cluster.replica_urls, tokenizer) as tier:

@@ -133,6 +133,7 @@ def test_up_envoy_serves_through_envoy_and_the_picker(tmp_path):
         assert httpx.get(picker_url + "/health", timeout=5).status_code == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+        out.wait_for(r"stopping envoy…", 5)  # stopped first: no new traffic while the rest stop
         assert not alive(envoy_pid) and not alive(int(picker_pid))
     finally:
         if proc.poll() is None:
