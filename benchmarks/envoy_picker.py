@@ -31,8 +31,8 @@ import sys
 import time
 
 from benchmarks import results_file, serve_bench
-from benchmarks.gateway_overhead import FIXTURE_MODEL, _ok, _pct, _tokenizer_folder, open_loop
-from benchmarks.routing_tier import EnvoyTier, GatewayTier, Tier, free_port, wait_ready
+from benchmarks.gateway_overhead import FIXTURE_MODEL, _ok, _pct, _tokenizer_folder, _wait, open_loop
+from benchmarks.routing_tier import EnvoyTier, GatewayTier, Tier, free_port
 
 TIERS = {"gateway": GatewayTier, "envoy": EnvoyTier}
 # Part 1 also runs Envoy with the picker out of the response bytes (response_body NONE): no usage
@@ -101,7 +101,7 @@ def routing_tier(args: argparse.Namespace, say) -> dict:
     out: dict = {}
     try:
         for url, proc in zip(urls, fixtures):
-            wait_ready(url + "/health", proc)
+            _wait(url + "/health", proc)
         direct, _, _ = _latencies(urls[0], args.rate, args.duration)
         out["direct"] = {"p50_ms": 1000 * _pct(direct, 0.5), "p99_ms": 1000 * _pct(direct, 0.99)}
         for name, tier_class in TIER_VARIANTS.items():

@@ -11,29 +11,14 @@ import secrets
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
+from benchmarks.gateway_overhead import _wait
 from kvgate.launcher.envoy import EnvoySettings, envoy_command
 from kvgate.launcher.plan import free_port
 
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the process behind {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not become ready in {timeout_s:.0f}s")
+START_TIMEOUT_S = 180.0  # a busy shared machine starts Python processes slowly
 
 
 def cpu_seconds(pid: int) -> float:
@@ -104,7 +89,7 @@ class GatewayTier(Tier):
         port = free_port()
         proc = self._kvgate("gateway", port)
         self.url = f"http://127.0.0.1:{port}"
-        wait_ready(self.url + "/health", proc)
+        _wait(self.url + "/health", proc, START_TIMEOUT_S)
 
 
 class EnvoyTier(Tier):
@@ -117,10 +102,10 @@ class EnvoyTier(Tier):
     def start(self) -> None:
         http_port, grpc_port = free_port(), free_port()
         picker = self._kvgate("picker", http_port, "--grpc-port", str(grpc_port))
-        wait_ready(f"http://127.0.0.1:{http_port}/health", picker)
+        _wait(f"http://127.0.0.1:{http_port}/health", picker, START_TIMEOUT_S)
         port, admin_port = free_port(), free_port()
         settings = EnvoySettings(f"127.0.0.1:{grpc_port}", self.replica_urls, port=port,
                                  admin_port=admin_port, response_body=self.response_body)
         envoy = self._spawn("envoy", envoy_command(settings, self.envoy_concurrency))
-        wait_ready(f"http://127.0.0.1:{admin_port}/ready", envoy)
+        _wait(f"http://127.0.0.1:{admin_port}/ready", envoy, START_TIMEOUT_S)
         self.url = f"http://127.0.0.1:{port}"
