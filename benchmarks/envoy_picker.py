@@ -54,13 +54,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
     p.add_argument("--replicas", type=int, default=2, help="real replicas for part 2")
     p.add_argument("--concurrency", type=int, default=8, help="part 2's requests in flight")
+    p.add_argument("--quality-duration", type=float, default=150.0,
+                   help="part 2: no request starts after this many seconds per tier")
     p.add_argument("--compiled", action="store_true",
                    help="part 2's replicas compile their graphs (default: eager, a quick start on a busy machine)")
     p.add_argument("--skip-quality", action="store_true", help="part 1 only")
     p.add_argument("--quick", action="store_true", help="short runs (a smoke test of the script)")
     a = p.parse_args(argv)
     if a.quick:
-        a.duration, a.step_s, a.search_budget_s = 5.0, 2.0, 20.0
+        a.duration, a.step_s, a.search_budget_s, a.quality_duration = 5.0, 2.0, 20.0, 40.0
     return a
 
 
@@ -140,7 +142,7 @@ def quality(args: argparse.Namespace, say) -> dict:
 
     setup = serve_bench.compare_setup(serve_bench.parse_args(
         ["--compare-policies", "--quick", "--replicas", str(args.replicas),
-         "--concurrency", str(args.concurrency)]))
+         "--concurrency", str(args.concurrency), "--duration", str(args.quality_duration)]))
     jobs = build("multi_tenant", setup.workload)
     out = {}
     for name, tier_class in TIERS.items():
