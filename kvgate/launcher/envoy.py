@@ -42,7 +42,8 @@ class EnvoySettings:
     message_timeout_s: float = 5.0  # the longest Envoy waits for one picker answer
     response_body: str = "STREAMED"  # NONE keeps the picker out of the response bytes (no usage)
     max_body_bytes: int = 8 * 1024 * 1024  # as the gateway's; larger bodies get 413
-    retries: int = 2  # on a refusal (503) or connect failure: the picker's next endpoints
+    retries: int = 3  # on a refusal (503) or connect failure: the picker's next endpoints
+    retry_after_max_s: float = 10.0  # a refusal's Retry-After is waited up to this before a retry
 
 
 def _address(host: str, port: int) -> dict:
@@ -119,7 +120,11 @@ def _routes(s: EnvoySettings) -> list[dict]:
               "route": {"cluster": "kvgate_picked", "timeout": "0s", "retry_policy": {
                   # a refusal for load (503 + Retry-After) or a dead replica: the next endpoint
                   "retry_on": "retriable-status-codes,connect-failure,reset-before-request",
-                  "retriable_status_codes": [503], "num_retries": s.retries}},
+                  "retriable_status_codes": [503], "num_retries": s.retries,
+                  # as the gateway's overload queue waits: the replica's Retry-After, bounded
+                  "rate_limited_retry_back_off": {
+                      "reset_headers": [{"name": "retry-after", "format": "SECONDS"}],
+                      "max_interval": f"{s.retry_after_max_s:g}s"}}},
               # which replica answered in the end, for the picker's books (it removes the header)
               "response_headers_to_add": [{"header": {"key": SERVED_HEADER, "value": "%UPSTREAM_HOST%"}}]}
     if s.failure_mode_allow:
@@ -188,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--admin-port", type=int, default=9901)
     p.add_argument("--failure-mode-allow", action="store_true",
                    help="picker down: route by least request over the replicas (default: 503)")
-    p.add_argument("--retries", type=int, default=2,
+    p.add_argument("--retries", type=int, default=3,
                    help="retries of a refused (503) or unreachable replica, on the picker's next endpoints")
     p.add_argument("--response-body", default="STREAMED", choices=["STREAMED", "NONE"],
                    help="NONE: the picker sees no response bytes (no usage on its dashboard)")

@@ -41,21 +41,22 @@ def name(proc: procs.Proc) -> str:
 
 def test_a_refused_request_is_retried_on_the_pickers_next_endpoint(fleet):
     refusing, plain, picker, envoy = fleet
-    assert chat(refusing.url, PREFIX).status_code == 200  # the prefix is cached there
-    assert procs.wait_until(lambda: chat(envoy.url, PREFIX + " again").headers.get(
-        "x-kvgate-replica") == name(refusing), 20)
-    with Busy(refusing.url):
-        assert chat(refusing.url, PREFIX + " direct").status_code == 503  # it does refuse now
-        for i, stream in enumerate((False, True)):
-            r = chat(envoy.url, PREFIX + f" once more {i}", stream=stream)
-            assert r.status_code == 200, r.text
-            assert r.headers["x-kvgate-replica"] == name(plain)
-            assert "x-kvgate-upstream" not in r.headers  # the picker's own header stays inside
-            first, second = procs.admin(picker, "/decisions?limit=2").json()["data"][::-1]
-            assert (first["replica"], first["status"], first["attempt"]) == (name(refusing), 503, 1)
-            assert (second["replica"], second["attempt"]) == (name(plain), 2)
-            assert procs.wait_until(lambda: procs.admin(picker, "/decisions?limit=1").json()
-                                    ["data"][0]["status"] == 200)
+    for stream in (False, True):
+        prefix = f"[{stream}] {PREFIX}"  # cached on the refusing replica only
+        assert chat(refusing.url, prefix).status_code == 200
+        assert procs.wait_until(lambda: chat(envoy.url, prefix + " again").headers.get(
+            "x-kvgate-replica") == name(refusing), 20)
+        with Busy(refusing.url):
+            assert chat(refusing.url, prefix + " direct").status_code == 503  # it does refuse now
+            r = chat(envoy.url, prefix + " once more", stream=stream)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvgate-replica"] == name(plain)
+        assert "x-kvgate-upstream" not in r.headers  # the picker's own header stays inside
+        first, second = procs.admin(picker, "/decisions?limit=2").json()["data"][::-1]
+        assert (first["replica"], first["status"], first["attempt"]) == (name(refusing), 503, 1)
+        assert (second["replica"], second["attempt"]) == (name(plain), 2)
+        assert procs.wait_until(lambda: procs.admin(picker, "/decisions?limit=1").json()
+                                ["data"][0]["status"] == 200)
     rows = {r["name"]: r for r in procs.admin(picker, "/replicas").json()["data"]}
     assert rows[name(refusing)]["circuit"] == "closed"
     assert procs.wait_until(lambda: sum(r["in_flight"] for r in procs.admin(
