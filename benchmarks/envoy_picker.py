@@ -1,7 +1,7 @@
 """kvgate's routing in two tiers, measured in one run and in turns: (a) kvgate's own gateway, a
 Python proxy, and (b) Envoy with `kvgate picker` as its ext_proc endpoint picker.
 
-    python -m benchmarks.envoy_picker [--rate 20] [--p99-bound-ms 100] [--replicas 2] [--quick]
+    python -m benchmarks.envoy_picker [--rate 20] [--p99-bound-ms 250] [--replicas 2] [--quick]
 
 Part 1, the routing tier alone: two benchmark FIXTURE upstreams (benchmarks.gateway_overhead's
 HTTP server that answers a streamed chat completion at once; no model) behind each tier, so
@@ -46,8 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--rate", type=float, default=20.0, help="requests/s of the fixed-rate run")
     p.add_argument("--duration", type=float, default=15.0, help="seconds of the fixed-rate run")
-    p.add_argument("--p99-bound-ms", type=float, default=100.0, help="the rate search's latency bound")
-    p.add_argument("--search-start", type=float, default=10.0, help="first rate of the search")
+    p.add_argument("--p99-bound-ms", type=float, default=250.0, help="the rate search's latency bound")
+    p.add_argument("--search-start", type=float, default=5.0, help="first rate of the search")
     p.add_argument("--step", type=float, default=1.4, help="rate factor between search steps")
     p.add_argument("--step-s", type=float, default=5.0, help="seconds per search step")
     p.add_argument("--search-budget-s", type=float, default=90.0, help="search time per tier, at most")
