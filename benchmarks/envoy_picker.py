@@ -6,8 +6,8 @@ Python proxy, and (b) Envoy with `kvgate picker` as its ext_proc endpoint picker
 Part 1, the routing tier alone: two benchmark FIXTURE upstreams (benchmarks.gateway_overhead's
 HTTP server that answers a streamed chat completion at once; no model) behind each tier, so
 what differs is only the tier. Streamed chat requests, open loop: at `--rate` the latency added
-over the fixture reached directly (p50, p99) and the CPU seconds per request of the tier's
-processes (the gateway; Envoy + picker) from /proc; then a stepped rate search (x`--step`
+over the fixture reached directly (p50, p99; direct and through the tier in `--rounds` turns)
+and the CPU seconds per request of the tier's processes (the gateway; Envoy + picker) from /proc; then a stepped rate search (x`--step`
 per step, `--step-s` seconds each, `--search-budget-s` per tier) for the highest rate at which
 every request succeeds, completions keep up with arrivals, and p99 stays under the bound.
 
@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--rate", type=float, default=20.0, help="requests/s of the fixed-rate run")
-    p.add_argument("--duration", type=float, default=15.0, help="seconds of the fixed-rate run")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of the fixed-rate run, per path")
+    p.add_argument("--rounds", type=int, default=3, help="turns of direct then tier in the fixed-rate run")
     p.add_argument("--p99-bound-ms", type=float, default=250.0, help="the rate search's latency bound")
     p.add_argument("--search-start", type=float, default=5.0, help="first rate of the search")
     p.add_argument("--step", type=float, default=1.4, help="rate factor between search steps")
@@ -104,13 +105,11 @@ def routing_tier(args: argparse.Namespace, say) -> dict:
     try:
         for url, proc in zip(urls, fixtures):
             _wait(url + "/health", proc)
-        direct, _, _ = _latencies(urls[0], args.rate, args.duration)
-        out["direct"] = {"p50_ms": 1000 * _pct(direct, 0.5), "p99_ms": 1000 * _pct(direct, 0.99)}
         for name, tier_class in TIER_VARIANTS.items():
             kw = {} if name == "gateway" else {"envoy_concurrency": args.envoy_concurrency,
                                                "response_body": "NONE" if name == "envoy_no_body" else "STREAMED"}
             with tier_class(urls, f"{FIXTURE_MODEL}={_tokenizer_folder()}", **kw) as tier:
-                out[name] = _measure_tier(name, tier, args, out["direct"], say)
+                out[name] = _measure_tier(name, tier, urls[0], args, say)
     finally:
         for proc in fixtures:
             proc.terminate()
@@ -118,13 +117,22 @@ def routing_tier(args: argparse.Namespace, say) -> dict:
     return out
 
 
-def _measure_tier(name: str, tier: Tier, args: argparse.Namespace, direct: dict, say) -> dict:
-    cpu0 = tier.cpu_seconds()
-    ok, failed, _ = _latencies(tier.url, args.rate, args.duration)
-    cpu = {name: seconds - cpu0[name] for name, seconds in tier.cpu_seconds().items()}
+def _measure_tier(name: str, tier: Tier, direct_url: str, args: argparse.Namespace, say) -> dict:
+    """At the fixed rate, in `--rounds` turns: the fixture directly, then through the tier (a
+    busy machine's load drifts; each tier's baseline is measured beside it)."""
+    direct, ok, failed, cpu = [], [], 0, dict.fromkeys(tier.procs, 0.0)
+    for _ in range(args.rounds):
+        direct += _latencies(direct_url, args.rate, args.duration / args.rounds)[0]
+        cpu0 = tier.cpu_seconds()
+        through, lost, _ = _latencies(tier.url, args.rate, args.duration / args.rounds)
+        ok, failed = ok + through, failed + lost
+        for process, seconds in tier.cpu_seconds().items():
+            cpu[process] += seconds - cpu0[process]
+    d50, d99 = 1000 * _pct(direct, 0.5), 1000 * _pct(direct, 0.99)
     p50, p99, n = 1000 * _pct(ok, 0.5), 1000 * _pct(ok, 0.99), len(ok) + failed
-    row = {"p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "failed": failed,
-           "added_p50_ms": round(p50 - direct["p50_ms"], 2), "added_p99_ms": round(p99 - direct["p99_ms"], 2),
+    row = {"direct_p50_ms": round(d50, 2), "direct_p99_ms": round(d99, 2),
+           "p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "failed": failed,
+           "added_p50_ms": round(p50 - d50, 2), "added_p99_ms": round(p99 - d99, 2),
            "cpu_ms_per_request": round(1000 * sum(cpu.values()) / n, 3),
            "cpu_ms_per_request_by_process": {k: round(1000 * v / n, 3) for k, v in cpu.items()}}
     say(f"{name}: at {args.rate:g} req/s added p50 {row['added_p50_ms']} ms, p99 {row['added_p99_ms']} ms, "
