@@ -1,6 +1,7 @@
-"""A replica's address as the proxy needs it: "ip:port". Envoy's ORIGINAL_DST cluster connects
-to the header's address as given and resolves no names, so a replica configured by host name
-(a Kubernetes pod's DNS name) is resolved here, and the answer kept for a few seconds."""
+"""A replica's address as the proxy needs it: "ip:port". Envoy's `override_host` load balancer
+matches the header's addresses against its cluster's endpoints and resolves no names, so a
+replica configured by host name (a Kubernetes pod's DNS name) is resolved here, and the answer
+kept for a few seconds."""
 
 from __future__ import annotations
 

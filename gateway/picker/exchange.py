@@ -1,8 +1,9 @@
 """One HTTP request as the endpoint picker sees it, phase by phase over its ext_proc stream:
 request headers (authenticate, learn the path and the subset hint), the buffered request body
-(admit and route exactly as the gateway does, book the replica), response headers and body
-(the replica's status, time to first byte, usage with cached tokens), then the end of the
-stream, which releases the booking whether the response ended or the client went away."""
+(admit and route exactly as the gateway does, book the replica, and name the next best ones
+for the proxy's retries), response headers and body (which replica answered after retries,
+its status, time to first byte, usage with cached tokens), then the end of the stream, which
+releases the booking whether the response ended or the client went away."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from protocol.model_list import ModelCard, ModelList
 from routing.policies import Decision, NoReplicaAvailable
 
 MAX_USAGE_BODY_BYTES = 8 << 20  # a non-streamed answer larger than this is not read for usage
+MAX_FALLBACKS = 3  # endpoints named after the chosen one, for the proxy's retries
 
 
 @dataclass(slots=True)
@@ -41,6 +43,7 @@ class Picked:
     decision: Decision
     record: DecisionRecord
     lease: asyncio.Task | None
+    endpoint: str = ""  # the replica's "ip:port"
     status: int | None = None
     first_byte: bool = False
 
@@ -113,13 +116,24 @@ class Exchange:
             counted = await count_tokens(self.state, body.body)
             return gie.immediate(200, counted.model_dump_json().encode())
         routed = await admit(self.state, self.key, body.body, self.path, self.headers, self.started)
-        picked = await self._pick(routed)
-        endpoint = await self.endpoints.of(picked.replica.url)
+        excluded = await self._excluded(routed)
+        picked = await self._pick(routed, excluded)
+        picked.endpoint = await self.endpoints.of(picked.replica.url)
+        endpoints = [picked.endpoint, *self._fallbacks(picked.decision, excluded)]
         changed = routed.body is not body.body and routed.body != body.body
         headers = {"x-request-id": routed.request_id}
         if changed:
             headers["content-length"] = str(len(routed.body))
-        return gie.route_to(endpoint, headers, routed.body if changed else None)
+        return gie.route_to(endpoints, headers, routed.body if changed else None)
+
+    def _fallbacks(self, decision: Decision, excluded: set[str]) -> list[str]:
+        """The replicas the proxy retries on, best first by the policy's own scores: those it
+        could have chosen, with their addresses known (resolved by `_excluded`)."""
+        candidates = [s for s in decision.scores if s.replica != decision.replica
+                      and s.excluded is None and s.replica not in excluded]
+        candidates.sort(key=lambda s: (s.cost is None, s.cost or 0.0, s.in_flight))
+        found = (self.endpoints.known(self.state.replicas[s.replica].url) for s in candidates)
+        return [e for e in found if e is not None][:MAX_FALLBACKS]
 
     async def _excluded(self, routed: RoutedRequest) -> set[str]:
         """Replicas the policy may not pick: the gateway's exclusions, those outside the
@@ -138,14 +152,14 @@ class Exchange:
                 excluded.add(replica.name)
         return excluded
 
-    async def _pick(self, routed: RoutedRequest) -> Picked:
+    async def _pick(self, routed: RoutedRequest, excluded: set[str], attempt: int = 1) -> Picked:
         state = self.state
         t0 = time.perf_counter()
+        request_id = routed.request_id if attempt == 1 else f"{routed.request_id}-{attempt}"
         try:
             decision = await state.shared.route_hashes(
-                routed.hashes, routed.prompt_tokens, routed.request_id,
-                session_key=routed.session_key, exclude=await self._excluded(routed),
-                priority=routed.priority)
+                routed.hashes, routed.prompt_tokens, request_id,
+                session_key=routed.session_key, exclude=excluded, priority=routed.priority)
         except NoReplicaAvailable as exc:
             state.stats.record_request(None, ok=False)
             state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
@@ -153,18 +167,40 @@ class Exchange:
         state.metrics.routing_latency.observe(time.perf_counter() - t0)
         replica = state.replicas[decision.replica]
         replica.breaker.on_dispatch()
-        record = _record(routed, decision, 1)
+        record = _record(routed, decision, attempt)
         state.stats.record_decision(record)
-        state.priorities.record_request(routed.priority)
+        if attempt == 1:
+            state.priorities.record_request(routed.priority)
         state.metrics.decisions.labels(decision.policy, decision.reason.split(":")[0]).inc()
         self.picked = Picked(routed, replica, decision, record, _keep_lease(state, decision))
         return self.picked
+
+    async def _served_by(self, endpoint: str) -> None:
+        """The proxy retried: the chosen replica refused (503) or could not be reached, and the
+        replica at `endpoint` answered. The booking moves there, as the request's next decision
+        (unless that replica is not routable now: then the books stay as they were)."""
+        picked = self.picked
+        served = next((r for r in self.state.serving(picked.routed.model)
+                       if self.endpoints.known(r.url) == endpoint), None)
+        others = {name for name in self.state.replicas if served is None or name != served.name}
+        if served is None or served.name in await self._excluded(picked.routed):
+            return
+        picked.record.status = 503
+        picked.record.error = f"{picked.replica.name} refused or was unreachable; the proxy retried on {served.name}"
+        self.state.metrics.retries.labels("proxy_retry").inc()
+        await _release(self.state, picked.decision, picked.lease)
+        moved = await self._pick(picked.routed, others, attempt=picked.record.attempt + 1)
+        moved.endpoint = endpoint
 
     # -- response --------------------------------------------------------------------------
     async def _response_headers(self, headers: ext_proc.HttpHeaders) -> ext_proc.ProcessingResponse:
         picked = self.picked
         if picked is None:
-            return gie.continue_headers("response_headers")
+            return gie.continue_headers("response_headers", remove=[gie.SERVED_HEADER])
+        served = gie.header_map(headers).get(gie.SERVED_HEADER, "")
+        if served and served != picked.endpoint:
+            await self._served_by(served)
+            picked = self.picked
         try:
             picked.status = int(gie.header_map(headers).get(":status", "0"))
         except ValueError:
@@ -178,7 +214,8 @@ class Exchange:
             await self._first_byte()
         if headers.end_of_stream:
             await self._finish()
-        return gie.continue_headers("response_headers", {REPLICA_HEADER: picked.replica.name})
+        return gie.continue_headers("response_headers", {REPLICA_HEADER: picked.replica.name},
+                                    remove=[gie.SERVED_HEADER])
 
     async def _response_body(self, body: ext_proc.HttpBody) -> ext_proc.ProcessingResponse:
         picked = self.picked

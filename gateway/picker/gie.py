@@ -16,6 +16,7 @@ from protocol.anthropic_errors import error_body
 from protocol.errors import APIError
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SERVED_HEADER = "x-kvgate-upstream"  # the bootstrap's route adds it: the replica that answered
 DESTINATION_NAMESPACE = "envoy.lb"  # dynamic metadata the proxy's load balancer reads
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"  # filter metadata the proxy may send
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
@@ -59,22 +60,24 @@ def _mutation(set_headers: dict[str, str], remove: Iterable[str] = ()) -> ext_pr
         remove_headers=list(remove))
 
 
-def destination_metadata(endpoint: str) -> Struct:
+def destination_metadata(endpoints: str) -> Struct:
     metadata = Struct()
-    metadata.update({DESTINATION_NAMESPACE: {DESTINATION_HEADER: endpoint}})
+    metadata.update({DESTINATION_NAMESPACE: {DESTINATION_HEADER: endpoints}})
     return metadata
 
 
-def route_to(endpoint: str, headers: dict[str, str], body: bytes | None) -> ext_proc.ProcessingResponse:
-    """The answer to the buffered request body: the endpoint in both places GIE asks for, the
+def route_to(endpoints: list[str], headers: dict[str, str], body: bytes | None) -> ext_proc.ProcessingResponse:
+    """The answer to the buffered request body: the endpoints, the chosen one first and the
+    proxy's retries after it in order ("ip:port,ip:port"), in both places GIE asks for; the
     headers the request gains, and the body when admission changed it."""
+    value = ",".join(endpoints)
     common = ext_proc.CommonResponse(
-        header_mutation=_mutation({DESTINATION_HEADER: endpoint, **headers}),
+        header_mutation=_mutation({DESTINATION_HEADER: value, **headers}),
         clear_route_cache=True)  # the route that needs the header is chosen after this answer
     if body is not None:
         common.body_mutation.body = body
     return ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(response=common),
-                                       dynamic_metadata=destination_metadata(endpoint))
+                                       dynamic_metadata=destination_metadata(value))
 
 
 def continue_headers(phase: str, set_headers: dict[str, str] | None = None,

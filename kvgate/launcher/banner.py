@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from kvgate.launcher.child import Child
 from kvgate.launcher.config import UpConfig
-from kvgate.launcher.plan import GATEWAY, REDIS, REPLICA
+from kvgate.launcher.plan import ENVOY, GATEWAY, REDIS, REPLICA
 
 
 def ready_banner(children: list[Child], model: str, config: UpConfig, redis_url: str | None, log_dir: str) -> str:
     gateways = [c for c in children if c.spec.role == GATEWAY]
     replicas = [c for c in children if c.spec.role == REPLICA]
+    envoy = next((c for c in children if c.spec.role == ENVOY), None)
     front = gateways[0] if gateways else replicas[0]
-    base_url = f"{front.spec.url}/v1"
+    base_url = f"{(envoy or front).spec.url}/v1"
+    tier = "Envoy + endpoint picker" if envoy else f"{len(gateways)} gateway(s)"
     lines = [
-        f"\nkvgate is ready: {len(replicas)} replica(s) of {model}, {len(gateways)} gateway(s)"
+        f"\nkvgate is ready: {len(replicas)} replica(s) of {model}, {tier}"
         + (f", policy {config.policy}" if config.policy and gateways else ""),
         "",
-        f"  OpenAI base_url:  {base_url}",
+        f"  OpenAI base_url:  {base_url}" + ("  (Envoy; kvgate picker chooses the replica)" if envoy else ""),
     ]
     if len(gateways) > 1:
         others = ", ".join(f"{c.spec.url}/v1" for c in gateways[1:])
@@ -28,7 +30,10 @@ def ready_banner(children: list[Child], model: str, config: UpConfig, redis_url:
     lines.append("  replicas:         " + ", ".join(
         f"{c.spec.url} ({c.spec.name + ', ' if not c.spec.name.startswith('replica') else ''}pid {c.pid})"
         for c in replicas))
-    if gateways:
+    if envoy:
+        lines.append(f"  envoy:            {envoy.spec.url} (pid {envoy.pid}), admin {envoy.spec.health_url.removesuffix('/ready')}")
+        lines.append(f"  picker:           {front.spec.url} (pid {front.pid})")
+    elif gateways:
         lines.append("  gateways:         " + ", ".join(f"{c.spec.url} (pid {c.pid})" for c in gateways))
     redis = [c for c in children if c.spec.role == REDIS]
     if redis_url:

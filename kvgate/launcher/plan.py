@@ -13,8 +13,9 @@ from typing import Any
 from backend_engine.cli_args import to_argv
 from backend_engine.server.settings import API_KEY_ENV
 from kvgate.launcher.config import REPLICA_SETTINGS, ConfigError, UpConfig
+from kvgate.launcher.envoy import EnvoySettings, envoy_command
 
-REPLICA, GATEWAY, REDIS = "replica", "gateway", "redis"
+REPLICA, GATEWAY, REDIS, ENVOY = "replica", "gateway", "redis", "envoy"
 DEFAULT_CPU_REPLICAS = 2
 
 
@@ -27,6 +28,7 @@ class ChildSpec:
     host: str = "127.0.0.1"
     env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment
     kv_port: int | None = None  # a decode replica's KV receiver
+    health_url: str | None = None  # None: url + "/health"
 
     @property
     def url(self) -> str:
@@ -40,11 +42,14 @@ class Plan:
     gateways: list[ChildSpec]
     redis_url: str | None
     device: str  # cpu | cuda
+    envoy: ChildSpec | None = None  # in front of the gateway, which is then Envoy's picker
 
     @property
     def children(self) -> list[ChildSpec]:
-        """In start order: shared state first, then replicas, then the gateways that route to them."""
-        return ([self.redis] if self.redis else []) + self.replicas + self.gateways
+        """In start order: shared state first, then replicas, then the gateways that route to
+        them (and Envoy, which asks the picker)."""
+        return (([self.redis] if self.redis else []) + self.replicas + self.gateways
+                + ([self.envoy] if self.envoy else []))
 
 
 def _client_host(host: str) -> str:
@@ -141,6 +146,10 @@ def build_plan(config: UpConfig, gpus: int, cores: int, redis_port: int | None =
         spec = _replica_spec(config, i, name, settings | own, device, gpus, cores, total, python)
         spec.kv_port = own.get("kv_transfer_port")
         replicas.append(spec)
+    if config.envoy:
+        picker = _gateway_spec(config, 0, free_port(config.host), replicas, redis_url, python,
+                               tokenizer_folder, grpc_port=free_port(config.host))
+        return Plan(redis, replicas, [picker], redis_url, device, _envoy_spec(config, picker, replicas))
     gateways = [_gateway_spec(config, i, config.port + i, replicas, redis_url, python,
                               tokenizer_folder) for i in range(g)]
     return Plan(redis, replicas, gateways, redis_url, device)
@@ -175,8 +184,13 @@ def _replica_spec(config: UpConfig, i: int, name: str, settings: dict[str, Any],
 
 
 def _gateway_spec(config: UpConfig, i: int, port: int, replicas: list[ChildSpec], redis_url: str | None,
-                  python: str, tokenizer_folder: str | None = None) -> ChildSpec:
-    argv = [python, "-m", "kvgate.cli", "gateway", "--host", config.host, "--port", str(port)]
+                  python: str, tokenizer_folder: str | None = None, grpc_port: int | None = None) -> ChildSpec:
+    """A gateway; with `grpc_port`, Envoy's endpoint picker (`kvgate picker`: the same flags,
+    and its ext_proc service on that port)."""
+    command = "gateway" if grpc_port is None else "picker"
+    argv = [python, "-m", "kvgate.cli", command, "--host", config.host, "--port", str(port)]
+    if grpc_port is not None:
+        argv += ["--grpc-host", config.host, "--grpc-port", str(grpc_port)]
     for replica in replicas:
         argv += ["--replica", replica.url]
     if redis_url:
@@ -187,7 +201,22 @@ def _gateway_spec(config: UpConfig, i: int, port: int, replicas: list[ChildSpec]
     if tokenizer_folder and "tokenizer" not in config.gateway:
         argv += ["--tokenizer", f"*={tokenizer_folder}"]  # the one model every replica serves
     argv += flags_from_mapping(config.gateway)
-    return ChildSpec(f"gateway-{i + 1}", GATEWAY, argv, port, config.host, env)
+    return ChildSpec(f"gateway-{i + 1}" if grpc_port is None else "picker", GATEWAY, argv, port,
+                     config.host, env)
+
+
+def _envoy_spec(config: UpConfig, picker: ChildSpec, replicas: list[ChildSpec]) -> ChildSpec:
+    """Envoy at the first gateway's port, asking `picker` (its argv names the gRPC port)."""
+    grpc_port = int(picker.argv[picker.argv.index("--grpc-port") + 1])
+    admin_port = free_port("127.0.0.1")
+    settings = EnvoySettings(f"{_client_host(config.host)}:{grpc_port}", [r.url for r in replicas],
+                             host=config.host, port=config.port, admin_port=admin_port)
+    try:
+        argv = envoy_command(settings)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    return ChildSpec("envoy", ENVOY, argv, config.port, config.host,
+                     health_url=f"http://127.0.0.1:{admin_port}/ready")
 
 
 def gateway_key_env(admin_key: str | None, api_key: str | None) -> dict[str, str]:

@@ -12,7 +12,7 @@ from types import FrameType
 from kvgate.launcher.child import Child, describe_exit
 from kvgate.launcher.config import ConfigError, UpConfig
 from kvgate.launcher.health import probe
-from kvgate.launcher.plan import GATEWAY, REDIS, REPLICA, Plan, port_is_free
+from kvgate.launcher.plan import ENVOY, GATEWAY, REDIS, REPLICA, Plan, port_is_free
 
 TICK_S = 0.5
 PROGRESS_EVERY_S = 10.0
@@ -61,9 +61,10 @@ class Supervisor:
                 raise ConfigError(f"port {kv} ({child.spec.name}'s KV receiver) is in use; choose another --port")
 
     def start(self) -> bool:
-        """Shared state and replicas first, then the gateways; False if any failed or we were stopped."""
-        first = [c for c in self.children if c.spec.role != GATEWAY]
-        gateways = [c for c in self.children if c.spec.role == GATEWAY]
+        """Shared state and replicas first, then the gateways (and Envoy, which asks the picker);
+        False if any failed or we were stopped."""
+        first = [c for c in self.children if c.spec.role not in (GATEWAY, ENVOY)]
+        gateways = [c for c in self.children if c.spec.role in (GATEWAY, ENVOY)]
         for child in first:
             child.start()
         for child in gateways:
@@ -156,7 +157,7 @@ class Supervisor:
     def stop(self) -> None:
         """SIGTERM tier by tier (gateways stop taking traffic before replicas drain), SIGKILL
         whatever outlives the grace period."""
-        for role in (GATEWAY, REPLICA, REDIS):
+        for role in (ENVOY, GATEWAY, REPLICA, REDIS):
             tier = [c for c in self.children if c.spec.role == role and c.running()]
             if not tier:
                 continue

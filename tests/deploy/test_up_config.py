@@ -225,3 +225,30 @@ def test_pd_replicas_from_the_config_file(tmp_path):
     with pytest.raises(ConfigError, match="set by kvgate up"):
         path.write_text("engine:\n  kv_role: decode\n")
         config_for("--config", str(path))
+
+
+def test_envoy_takes_the_gateways_port_and_asks_the_picker():
+    import yaml
+
+    plan = build_plan(config_for("--envoy", "--port", "7100", "--policy", "round_robin"), gpus=0, cores=2)
+    picker, envoy = plan.gateways[0], plan.envoy
+    assert [c.name for c in plan.children] == ["replica-1", "replica-2", "picker", "envoy"]
+    assert envoy.port == 7100 and [r.port for r in plan.replicas] == [7101, 7102]
+    assert picker.argv[3] == "picker" and argv_value(picker.argv, "--policy") == "round_robin"
+    assert picker.port not in (7100, 7101, 7102)
+    bootstrap = yaml.safe_load(argv_value(envoy.argv, "--config-yaml"))
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    grpc = clusters["kvgate_picker"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert grpc["address"]["socket_address"]["port_value"] == int(argv_value(picker.argv, "--grpc-port"))
+    replicas = clusters["kvgate_picked"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [e["endpoint"]["address"]["socket_address"]["port_value"] for e in replicas] == [7101, 7102]
+    assert envoy.health_url.endswith("/ready")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--envoy", "--gateways", "2"), "gateways must be 1"),
+    (("--envoy", "--prefill-replicas", "1", "--decode-replicas", "1"), "formed by the gateway"),
+])
+def test_envoy_setups_the_picker_cannot_serve_are_refused(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        config_for(*argv)

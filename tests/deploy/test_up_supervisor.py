@@ -137,6 +137,30 @@ def test_up_serves_restarts_a_killed_replica_and_stops_every_child(tmp_path):
             proc.wait()
 
 
+@pytest.mark.timeout(180)
+def test_up_envoy_serves_through_envoy_and_the_picker(tmp_path):
+    port = free_port_run(2)
+    proc, out = start_up("--model", "tiny-random", "--enforce-eager", "--replicas", "1", "--envoy",
+                         "--port", str(port), "--log-dir", str(tmp_path), "--log-level", "warning")
+    try:
+        base_url = out.wait_for(r"OpenAI base_url:\s+(\S+)", 150).group(1)
+        assert base_url == f"http://127.0.0.1:{port}/v1"
+        envoy_pid = int(out.wait_for(r"envoy:\s+\S+ \(pid (\d+)\)", 5).group(1))
+        picker_url, picker_pid = out.wait_for(r"picker:\s+(\S+) \(pid (\d+)\)", 5).groups()
+        r = httpx.post(f"{base_url}/chat/completions", timeout=60, json={
+            "model": "tiny-random", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200 and r.headers["x-kvgate-replica"] == f"127.0.0.1:{port + 1}"
+        assert httpx.get(picker_url + "/health", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        out.wait_for(r"stopping envoy…", 5)  # stopped first: no new traffic while the rest stop
+        assert not alive(envoy_pid) and not alive(int(picker_pid))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @pytest.mark.timeout(120)
 def test_a_replica_that_fails_to_start_stops_up_with_its_log(tmp_path):
     port = free_port_run(1)

