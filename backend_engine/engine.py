@@ -112,8 +112,10 @@ class LLMEngine:
         from backend_engine.kv_transfer.block_io import BlockIO
 
         io = BlockIO(self.runner.kv_caches, self.model_id)
-        return KVTier(io, int(config.kv_offload_size_gb * (1 << 30)), config.kv_offload_dir,
+        tier = KVTier(io, int(config.kv_offload_size_gb * (1 << 30)), config.kv_offload_dir,
                       int(config.kv_offload_disk_size_gb * (1 << 30)))
+        tier.observe = lambda seconds: self.stats.observe("kv_tier_restore", seconds)
+        return tier
 
     def _step_budget(self, config: EngineConfig) -> StepBudget | None:
         if not config.target_itl_ms:  # 0: a fixed token budget, no latency target

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +34,6 @@ class TierStats:
     offloaded_blocks: int = 0  # blocks copied in at eviction
     restored_blocks: int = 0
     restore_seconds: float = 0.0  # total, for the measured cost per token
-    restore_observations: list[float] = field(default_factory=list)  # per restore, drained
 
 
 class KVTier:
@@ -50,6 +50,7 @@ class KVTier:
             self.disk = DiskStore(disk_dir, fingerprint, self.block_bytes, disk_bytes,
                                   max_backlog)
         self.stats = TierStats()
+        self.observe: Callable[[float], None] = lambda seconds: None  # each restore's duration
         self._stored: list[int] = []
         self._removed: list[int] = []
 
@@ -153,8 +154,7 @@ class KVTier:
         self.stats.restored_blocks += len(blocks)
         if blocks:
             self.stats.restore_seconds += seconds
-            if len(self.stats.restore_observations) < 100_000:
-                self.stats.restore_observations.append(seconds)
+            self.observe(seconds)
         return len(blocks)
 
     def restore_seconds_per_token(self) -> float | None:
@@ -193,10 +193,6 @@ class KVTier:
                        write_backlog=self.disk.backlog, corrupt_files=self.disk.corrupt_files,
                        write_failures=self.disk.write_failures,
                        dropped_writes=self.disk.dropped_writes)
-        return out
-
-    def drain_restore_seconds(self) -> list[float]:
-        out, self.stats.restore_observations = self.stats.restore_observations, []
         return out
 
     def close(self) -> None:
