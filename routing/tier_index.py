@@ -23,9 +23,9 @@ class TierIndex:
     def __len__(self) -> int:
         return self._num
 
-    def replace(self, slot: int, hashes: Sequence[int]) -> None:
-        self.drop(slot)
-        self.store(slot, hashes)
+    def count(self, slot: int) -> int:
+        """Tier blocks the index holds for one replica slot."""
+        return len(self._blocks.get(slot, ()))
 
     def store(self, slot: int, hashes: Sequence[int]) -> None:
         bit = 1 << slot
@@ -59,11 +59,9 @@ class TierIndex:
                     masks.pop(h, None)
 
     def drop(self, slot: int) -> None:
-        blocks = self._blocks.pop(slot, None)
+        blocks = self._blocks.get(slot)
         if blocks:
-            self._blocks[slot] = blocks
             self.remove(slot, list(blocks))
-            del self._blocks[slot]
 
     def extend(self, hashes: Sequence[int], depths: Mapping[str, int],
                slots: Mapping[str, int], resident: Callable[[int, int], int]) -> dict[str, int]:
