@@ -71,7 +71,7 @@ class BlockPool:
         self.keep_origins = False  # set by a ZMQ event publisher (server/kv_zmq_events.py)
         self._origins: dict[int, BlockOrigin] = {}
         self.tier = None  # a KVTier (backend_engine/kv_tier/) that keeps evicted blocks
-        self._evicted: list[tuple[int, int]] = []  # (hash, block id) for the tier to copy
+        self._evicted: list[tuple] = []  # (hash, block id, origin) for the tier to copy
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -150,7 +150,8 @@ class BlockPool:
                 del self.cached[block.block_hash]
                 self._removed.append(block.block_hash)
                 if self.tier is not None:
-                    self._evicted.append((block.block_hash, block.block_id))
+                    origin = self._origins.pop(block.block_hash, None) if self._origins else None
+                    self._evicted.append((block.block_hash, block.block_id, origin))
             block.block_hash = None
             block.hits = 0
 
@@ -214,7 +215,11 @@ class BlockPool:
         origins = None
         if self._origins:
             origins = {h: self._origins[h] for h in stored if h in self._origins}
-            self._origins = {}
+            if self.tier is None:  # with a tier they stay until eviction hands them to it
+                self._origins = {}
+        if tier_stored and self.tier.origins:
+            kept = self.tier.origins
+            origins = (origins or {}) | {h: kept[h] for h in tier_stored if h in kept}
         event = KVEvent(self.event_seq, time.time(), stored, removed, self._cleared, origins,
                         tier_stored, tier_removed)
         self._stored, self._removed, self._cleared = [], [], False

@@ -71,7 +71,7 @@ class KVCacheManager:
                 restored = tier.restore(hashes[:len(fresh)], [b.block_id for b in fresh])
                 got = fresh[:restored]
                 for block, h in zip(got, hashes):
-                    pool.cache_block(block, h)
+                    pool.cache_block(block, h, tier.origins.get(h))
                 pool.release(list(reversed(fresh)))
             finally:
                 pool.release(list(reversed(held)))

@@ -53,6 +53,7 @@ class KVTier:
         self.observe: Callable[[float], None] = lambda seconds: None  # each restore's duration
         self._stored: list[int] = []
         self._removed: list[int] = []
+        self.origins: dict = {}  # hash -> BlockOrigin, for publishers of vLLM's events
 
     # -- queries -----------------------------------------------------------------------------
     def __contains__(self, block_hash: int) -> bool:
@@ -72,23 +73,23 @@ class KVTier:
         return n
 
     # -- eviction from the pool --------------------------------------------------------------
-    def offload(self, evicted: list[tuple[int, int]]) -> None:
-        """Copy blocks the pool is about to reuse: (block hash, block id) pairs."""
+    def offload(self, evicted: list[tuple]) -> None:
+        """Copy blocks the pool is about to reuse: (block hash, block id, origin or None)."""
         self._reap()
         new = []
-        for h, block_id in evicted:
+        for h, block_id, origin in evicted:
             if h in self:  # already kept: it only becomes the most recent
                 self.touch(h)
             else:
-                new.append((h, block_id))
+                new.append((h, block_id, origin))
         if not new:
             return
-        data = self.io.read([block_id for _, block_id in new])
-        for i, (h, _) in enumerate(new):
+        data = self.io.read([block_id for _, block_id, _ in new])
+        for i, (h, _, origin) in enumerate(new):
             block = data[i] if len(new) == 1 else data[i].clone()  # own storage: freed alone
-            self._keep(h, block)
+            self._keep(h, block, origin)
 
-    def _keep(self, h: int, block: torch.Tensor) -> None:
+    def _keep(self, h: int, block: torch.Tensor, origin=None) -> None:  # noqa: ANN001
         kept = False
         if self.ram_capacity:
             self.ram[h] = block
@@ -105,6 +106,8 @@ class KVTier:
         if kept:
             self.stats.offloaded_blocks += 1
             self._stored.append(h)
+            if origin is not None:
+                self.origins[h] = origin
 
     def touch(self, h: int) -> None:
         if h in self.ram:
@@ -115,6 +118,7 @@ class KVTier:
     def _left_level(self, h: int) -> None:
         if h not in self:
             self._removed.append(h)
+            self.origins.pop(h, None)
 
     def _reap(self) -> None:
         if self.disk is not None:
@@ -167,11 +171,14 @@ class KVTier:
         self._reap()
         if not (self._stored or self._removed):
             return [], []
+        entered = set(self._stored)  # not in the tier when the window opened
         touched = dict.fromkeys(self._stored + self._removed)
         self._stored, self._removed = [], []
-        return [h for h in touched if h in self], [h for h in touched if h not in self]
+        return ([h for h in touched if h in self],
+                [h for h in touched if h not in self and h not in entered])
 
     def clear(self) -> None:
+        self.origins.clear()
         self._removed.extend(self.ram)
         self.ram.clear()
         if self.disk is not None:
