@@ -145,6 +145,12 @@ ROWS: tuple[Row, ...] = (
         "model): SLRU eviction with a pinned prefix vs plain LRU",
         ("pinned prefix hit rate {valuable_prefix_hit_slru_pin} vs {valuable_prefix_hit_lru}",
          "overall hit rate ×{overall_hit_ratio_vs_lru}")),
+    Row("kv_tier", "{args[sessions]} multi-turn chat sessions ({args[model]} model) whose working set "
+        "is {results[working_set_blocks]} blocks, 4x the {results[pool_blocks]}-block KV pool: a "
+        "host-memory KV tier vs none, same engine",
+        ("TTFT p50 ×{ttft_p50_ratio}", "restore {restore_vs_prefill_speed}x faster per token than "
+         "prefill", "prefill tokens saved {prefill_tokens_saved_share:.0%}", "TTFT p99 ×{ttft_p99_ratio}",
+         "disk tier TTFT p50 ×{ttft_p50_ratio_disk}")),
     Row("structured_output", "kvgate engine ({args[model]} model), JSON-schema-constrained vs free "
         "decoding, same engine and weights",
         ("tok/s ×{json_schema_ratio_c1} at c=1", "×{json_schema_ratio_c16} at c=16",
