@@ -134,3 +134,48 @@ def test_corrupt_and_truncated_tier_files_are_dropped_and_counted(tmp_path, reco
         assert not flipped.exists() and not truncated.exists()
     finally:
         engine.close()
+
+
+def test_a_restore_composes_with_chunked_prefill(recompute):
+    engine = LLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=24,
+                                    max_num_batched_tokens=32, target_itl_ms=0,
+                                    kv_offload_size_gb=0.01))
+    try:
+        _run(engine, "first", PREFIX + [1])  # prefilled in 32-token chunks
+        _flood(engine)
+        assert _run(engine, "again", PREFIX + [5, 6, 7]) == (recompute, 96)
+    finally:
+        engine.close()
+
+
+def test_preempted_requests_come_back_through_the_tier():
+    """Two requests that outgrow a 24-block pool together: the newer is preempted, its prompt
+    blocks are evicted into the tier and restored when it is scheduled again."""
+    prompts = {"a": PREFIX + [1], "b": [700 + i for i in range(96)] + [2]}
+    params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
+
+    def serve(engine: LLMEngine) -> dict[str, list[int]]:
+        for rid, prompt in prompts.items():
+            engine.add_request(rid, prompt, params)
+        done = {}
+        while len(done) < len(prompts):
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        return done
+
+    alone = LLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=64,
+                                   max_num_batched_tokens=128, target_itl_ms=0,
+                                   enable_prefix_caching=False))
+    try:
+        expected = serve(alone)
+    finally:
+        alone.close()
+    engine = _engine(kv_offload_size_gb=0.01)
+    try:
+        assert serve(engine) == expected
+        assert engine.scheduler.num_preemptions > 0
+        assert engine.load()["kv_tier"]["hit_tokens"] > 0
+        assert_no_leaks(engine)
+    finally:
+        engine.close()
