@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from routing.hashing import DEFAULT_BLOCK_SIZE
 from routing.predicted import MAX_SLOTS, PredictedBlocks
-from routing.tier_index import TierIndex
+from routing.tier_index import TierIndex, clear_bit
 
 # Rough CPython cost of one resident entry: a slot in the shared dict (hash -> int mask) plus a
 # slot in the replica's OrderedDict; used to turn a byte budget into an entry budget.
@@ -117,11 +117,7 @@ class PrefixIndex:
         bit = 1 << state.slot
         resident = self._resident
         for h in state.blocks:
-            m = resident.get(h, 0) & ~bit
-            if m:
-                resident[h] = m
-            else:
-                resident.pop(h, None)
+            clear_bit(resident, h, bit)
         self._num_resident -= len(state.blocks)
         state.blocks = OrderedDict()
         self.tier.drop(state.slot)
@@ -220,11 +216,7 @@ class PrefixIndex:
         for h in hashes:
             if blocks.pop(h, 0) is None:
                 self._num_resident -= 1
-                m = resident.get(h, 0) & ~bit
-                if m:
-                    resident[h] = m
-                else:
-                    resident.pop(h, None)
+                clear_bit(resident, h, bit)
 
     def _trim(self, state: ReplicaIndexState, keep: int) -> None:
         blocks = state.blocks

@@ -12,6 +12,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 
+def clear_bit(masks: dict[int, int], h: int, bit: int) -> None:
+    """Take one replica's bit off a hash's mask of replica slots (the entry goes at zero)."""
+    m = masks.get(h, 0) & ~bit
+    if m:
+        masks[h] = m
+    else:
+        masks.pop(h, None)
+
+
 class TierIndex:
     def __init__(self, max_entries: int = 4_000_000) -> None:
         self.max_entries = max_entries
@@ -52,11 +61,7 @@ class TierIndex:
         for h in hashes:
             if blocks.pop(h, 0) is None:
                 self._num -= 1
-                m = masks.get(h, 0) & ~bit
-                if m:
-                    masks[h] = m
-                else:
-                    masks.pop(h, None)
+                clear_bit(masks, h, bit)
 
     def drop(self, slot: int) -> None:
         blocks = self._blocks.get(slot)

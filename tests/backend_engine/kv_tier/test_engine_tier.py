@@ -88,14 +88,20 @@ def test_a_tier_never_serves_another_tenants_blocks():
         engine.close()
 
 
-def test_a_disk_tier_survives_a_restart(tmp_path, recompute):
-    engine = _engine(kv_offload_dir=str(tmp_path))
+def _disk_tier_after_a_flood(folder: Path) -> list[int]:
+    """Serve PREFIX, push it out of the pool onto disk, stop; the tier's hashes."""
+    engine = _engine(kv_offload_dir=str(folder))
     try:
         _run(engine, "first", PREFIX + [1])
         _flood(engine)
         engine.pool.tier.disk.flush()
+        return engine.pool.tier_hashes()
     finally:
         engine.close()
+
+
+def test_a_disk_tier_survives_a_restart(tmp_path, recompute):
+    _disk_tier_after_a_flood(tmp_path)
     engine = _engine(kv_offload_dir=str(tmp_path))
     try:
         assert len(engine.pool.tier_hashes()) > 6
@@ -107,16 +113,9 @@ def test_a_disk_tier_survives_a_restart(tmp_path, recompute):
 
 
 def test_corrupt_and_truncated_tier_files_are_dropped_and_counted(tmp_path, recompute):
-    engine = _engine(kv_offload_dir=str(tmp_path))
-    try:
-        _run(engine, "first", PREFIX + [1])
-        _flood(engine)
-        engine.pool.tier.disk.flush()
-        hashes = engine.kv.pool.tier_hashes()
-    finally:
-        engine.close()
+    hashes = _disk_tier_after_a_flood(tmp_path)
     files = {int(p.stem, 16): p for p in Path(tmp_path).rglob("*.kvb")}
-    prefix = _prefix_hashes(engine)
+    prefix = block_hashes(PREFIX, namespace_for("tiny-random", None), 16)
     assert set(prefix) <= set(hashes)
     truncated, flipped = files[prefix[4]], files[prefix[2]]
     truncated.write_bytes(truncated.read_bytes()[:-100])
