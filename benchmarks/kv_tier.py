@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -54,9 +53,9 @@ class Run:
         return sum(t.ttft_s for t in self.turns) / max(1, self.prefill_tokens)
 
 
-def messages(args: argparse.Namespace) -> tuple[list[int], list[list[list[int]]]]:
+def messages(args: argparse.Namespace, seed: int) -> tuple[list[int], list[list[list[int]]]]:
     """The shared system prompt, and each session's user messages (token ids)."""
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     draw = lambda n: [rng.randrange(1000, 40000) for _ in range(n)]  # noqa: E731
     system = draw(args.system_tokens)
     sessions = [[draw(args.first_tokens)] + [draw(args.turn_tokens) for _ in range(args.turns - 1)]
@@ -73,39 +72,47 @@ def working_set_blocks(args: argparse.Namespace) -> int:
     return args.sessions * -(-final_prompt_tokens(args) // 16)
 
 
-def serve(label: str, args: argparse.Namespace, pool_blocks: int, **tier) -> Run:
+def open_engine(args: argparse.Namespace, pool_blocks: int, **tier):
     from backend_engine.config import EngineConfig
     from backend_engine.engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=args.model, num_kv_blocks=pool_blocks, target_itl_ms=0,
+                                  max_num_batched_tokens=2048, **tier))
+
+
+def one_turn(engine, rid: str, prompt: list[int], max_tokens: int) -> Turn:  # noqa: ANN001
     from backend_engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=args.model, num_kv_blocks=pool_blocks, target_itl_ms=0,
-                                    max_num_batched_tokens=2048, **tier))
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    system, sessions = messages(args)
-    history = [list(system) for _ in sessions]
-    run = Run(label)
-    try:
-        for t in range(args.turns):
-            for s, session in enumerate(sessions):
-                prompt = history[s] + session[t]
-                rid = f"{s}-{t}"
-                start = time.perf_counter()
-                engine.add_request(rid, prompt, params)
-                first = None
-                while True:
-                    outs = [o for o in engine.step() if o.request_id == rid]
-                    if outs and first is None and outs[-1].outputs[0].token_ids:
-                        first = time.perf_counter() - start
-                    if outs and outs[-1].finished:
-                        break
-                out = outs[-1]
-                answer = list(out.outputs[0].token_ids)
-                run.turns.append(Turn(first, len(prompt), out.num_cached_tokens, answer))
-                history[s] = prompt + answer
-        run.tier = engine.load().get("kv_tier", {})
-    finally:
-        engine.close()
-    return run
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    engine.add_request(rid, prompt, params)
+    first = None
+    while True:
+        outs = [o for o in engine.step() if o.request_id == rid]
+        if outs and first is None and outs[-1].outputs[0].token_ids:
+            first = time.perf_counter() - start
+        if outs and outs[-1].finished:
+            break
+    out = outs[-1]
+    return Turn(first, len(prompt), out.num_cached_tokens, list(out.outputs[0].token_ids))
+
+
+def serve(engines: dict, args: argparse.Namespace, seed: int) -> dict[str, Run]:
+    """The sessions on every engine, request by request in turn (a slow moment of this shared
+    machine hits every engine alike)."""
+    system, sessions = messages(args, seed)
+    runs = {label: Run(label) for label in engines}
+    history = {label: [list(system) for _ in sessions] for label in engines}
+    for t in range(args.turns):
+        for s, session in enumerate(sessions):
+            for label, engine in engines.items():
+                prompt = history[label][s] + session[t]
+                turn = one_turn(engine, f"{seed}-{s}-{t}", prompt, args.max_tokens)
+                runs[label].turns.append(turn)
+                history[label][s] = prompt + turn.answer
+    for label, engine in engines.items():
+        runs[label].tier = engine.load().get("kv_tier", {})
+    return runs
 
 
 def report(runs: list[Run]) -> None:
@@ -123,11 +130,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--sessions", type=int, default=8)
-    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--system-tokens", type=int, default=64)
     ap.add_argument("--first-tokens", type=int, default=320)
     ap.add_argument("--turn-tokens", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--working-set-ratio", type=float, default=4.0,
                     help="working set of the sessions over the pool")
     ap.add_argument("--no-disk", action="store_true", help="skip the disk-tier run")
@@ -137,12 +144,26 @@ def main() -> None:
     working_set = working_set_blocks(args)
     largest = -(-(final_prompt_tokens(args) + args.max_tokens) // 16)  # one request must fit
     pool_blocks = max(largest + 4, int(working_set / args.working_set_ratio))
-    runs = [serve("no tier", args, pool_blocks),
-            serve("RAM tier", args, pool_blocks, kv_offload_size_gb=8.0)]
-    if not args.no_disk:
-        with tempfile.TemporaryDirectory(prefix="kv-tier-bench-") as folder:
-            runs.append(serve("disk tier", args, pool_blocks, kv_offload_dir=folder,
-                              kv_offload_disk_size_gb=8.0))
+    with tempfile.TemporaryDirectory(prefix="kv-tier-bench-") as folder:
+        engines = {"no tier": open_engine(args, pool_blocks),
+                   "RAM tier": open_engine(args, pool_blocks, kv_offload_size_gb=8.0)}
+        if not args.no_disk:
+            engines["disk tier"] = open_engine(args, pool_blocks, kv_offload_dir=folder,
+                                               kv_offload_disk_size_gb=8.0)
+        try:
+            # a warm-up pass of other sessions with the same lengths: compiled graphs for
+            # every shape, then empty caches and tiers
+            serve(engines, args, args.seed + 1)
+            for engine in engines.values():
+                if not engine.pool.reset_prefix_cache():
+                    raise RuntimeError("the warm-up left blocks in use")
+                engine.pool.flush_events()
+                if engine.pool.tier is not None:
+                    engine.pool.tier.stats = type(engine.pool.tier.stats)()
+            runs = list(serve(engines, args, args.seed).values())
+        finally:
+            for engine in engines.values():
+                engine.close()
     print(f"{args.sessions} sessions x {args.turns} turns, working set {working_set} blocks, "
           f"pool {pool_blocks} blocks ({working_set / pool_blocks:.1f}x)")
     report(runs)

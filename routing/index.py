@@ -167,14 +167,16 @@ class PrefixIndex:
             self.tier.store(state.slot, event.get("tier_stored") or ())
         return True
 
-    def apply_blocks(self, name: str, stored: Sequence[int] = (),
-                     removed: Sequence[int] = ()) -> None:
+    def apply_blocks(self, name: str, stored: Sequence[int] = (), removed: Sequence[int] = (),
+                     tier_stored: Sequence[int] = (), tier_removed: Sequence[int] = ()) -> None:
         """Blocks of a replica fed by a foreign event stream (mapped in engine_blocks.py)."""
         state = self.replica(name)
         if removed:
             self._remove(state, removed)
         if stored:
             self._store(state, stored)
+        self.tier.remove(state.slot, tier_removed)
+        self.tier.store(state.slot, tier_stored)
 
     def set_approximate(self, name: str, approximate: bool,
                         capacity_blocks: int | None = None) -> None:

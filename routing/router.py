@@ -65,9 +65,10 @@ class Router:
         self.load.observe_engine(name, event.get("load"))
         return self.index.apply_event(name, event)
 
-    def on_blocks(self, name: str, stored: Sequence[int], removed: Sequence[int]) -> None:
-        """Apply canonical blocks mapped from a foreign engine's events."""
-        self.index.apply_blocks(name, stored, removed)
+    def on_blocks(self, name: str, stored: Sequence[int], removed: Sequence[int],
+                  tier_stored: Sequence[int] = (), tier_removed: Sequence[int] = ()) -> None:
+        """Apply canonical blocks mapped from a foreign engine's events (pool, then KV tier)."""
+        self.index.apply_blocks(name, stored, removed, tier_stored, tier_removed)
 
     def set_approximate(self, name: str, approximate: bool,
                         capacity_blocks: int | None = None) -> None:

@@ -110,3 +110,21 @@ def test_the_disk_level_is_bounded_and_drops_its_oldest_files(tmp_path):
     tier.disk.flush()
     assert set(tier.hashes()) == set(first[:2]) and len(list(tmp_path.rglob("*.kvb"))) == 2
     tier.close()
+
+
+def test_a_gateway_following_vllm_events_keeps_tier_blocks_apart():
+    from routing.engine_blocks import EngineBlockMap
+
+    pool, tier = _pool(4, ram_blocks=8)
+    pool.keep_origins = True
+    mapper = EngineBlockMap("m", BS)
+    first = _fill(pool, list(range(64)), 1.0)
+    changes = mapper.apply(to_batch(pool.flush_events(), "m", BS, "CPU", "CPU_TIER"))
+    assert (changes.stored, changes.tier_stored) == (first, [])
+    pool.allocate(2)  # evicts blocks 3 then 2; their parent, block 1, stays in the pool
+    changes = mapper.apply(to_batch(pool.flush_events(), "m", BS, "CPU", "CPU_TIER"))
+    assert set(changes.removed) == set(first[2:]) and set(changes.tier_stored) == set(first[2:])
+    assert mapper.canonical == set(first[:2]) and mapper.tier_canonical == set(first[2:])
+    tier.clear()
+    changes = mapper.apply(to_batch(pool.flush_events(), "m", BS, "CPU", "CPU_TIER"))
+    assert set(changes.tier_removed) == set(first[2:]) and not mapper.tier_canonical
