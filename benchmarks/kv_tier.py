@@ -77,7 +77,8 @@ def open_engine(args: argparse.Namespace, pool_blocks: int, **tier):
     from backend_engine.engine import LLMEngine
 
     return LLMEngine(EngineConfig(model=args.model, num_kv_blocks=pool_blocks, target_itl_ms=0,
-                                  max_num_batched_tokens=2048, **tier))
+                                  max_num_batched_tokens=2048, enforce_eager=args.enforce_eager,
+                                  **tier))
 
 
 def one_turn(engine, rid: str, prompt: list[int], max_tokens: int) -> Turn:  # noqa: ANN001
@@ -138,6 +139,9 @@ def main() -> None:
     ap.add_argument("--working-set-ratio", type=float, default=4.0,
                     help="working set of the sessions over the pool")
     ap.add_argument("--no-disk", action="store_true", help="skip the disk-tier run")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="no compiled graphs (a quick start where they are not cached yet; "
+                         "prefill is slower, so the tier gains more)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
