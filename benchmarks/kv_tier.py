@@ -155,9 +155,8 @@ def main() -> None:
             engines["disk tier"] = open_engine(args, pool_blocks, kv_offload_dir=folder,
                                                kv_offload_disk_size_gb=8.0)
         try:
-            # a warm-up pass of other sessions with the same lengths: compiled graphs for
-            # every shape, then empty caches and tiers
-            serve(engines, args, args.seed + 1)
+            if not args.enforce_eager:  # compiled graphs for every shape, outside the figures:
+                serve(engines, args, args.seed + 1)  # other sessions with the same lengths
             for engine in engines.values():
                 if not engine.pool.reset_prefix_cache():
                     raise RuntimeError("the warm-up left blocks in use")

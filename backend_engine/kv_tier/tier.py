@@ -64,14 +64,6 @@ class KVTier:
             return list(self.ram)
         return list(dict.fromkeys([*self.ram, *self.disk.index]))
 
-    def prefix_len(self, hashes: list[int]) -> int:
-        n = 0
-        for h in hashes:
-            if h not in self:
-                break
-            n += 1
-        return n
-
     # -- eviction from the pool --------------------------------------------------------------
     def offload(self, evicted: list[tuple]) -> None:
         """Copy blocks the pool is about to reuse: (block hash, block id, origin or None)."""
