@@ -156,7 +156,8 @@ ROWS: tuple[Row, ...] = (
     Row("kv_tier", kv_tier,
         ("TTFT p50 ×{ttft_p50_ratio}", "restore {restore_vs_prefill_speed}x faster per token than "
          "prefill", "prefill tokens saved {prefill_tokens_saved_share:.0%}", "TTFT p99 ×{ttft_p99_ratio}",
-         "disk tier TTFT p50 ×{ttft_p50_ratio_disk}")),
+         "disk tier TTFT p50 ×{ttft_p50_ratio_disk}",
+         "answers as with pool hits {answers_identical_to_pool_hits}")),
     Row("structured_output", "kvgate engine ({args[model]} model), JSON-schema-constrained vs free "
         "decoding, same engine and weights",
         ("tok/s ×{json_schema_ratio_c1} at c=1", "×{json_schema_ratio_c16} at c=16",
