@@ -154,7 +154,8 @@ ROWS: tuple[Row, ...] = (
         ("pinned prefix hit rate {valuable_prefix_hit_slru_pin} vs {valuable_prefix_hit_lru}",
          "overall hit rate ×{overall_hit_ratio_vs_lru}")),
     Row("kv_tier", kv_tier,
-        ("TTFT p50 ×{ttft_p50_ratio}", "restore {restore_vs_prefill_speed}x faster per token than "
+        ("TTFT p50 ×{ttft_p50_ratio} (a pool holding the whole working set: ×{ttft_p50_ratio_big_pool})",
+         "restore {restore_vs_prefill_speed}x faster per token than "
          "prefill", "prefill tokens saved {prefill_tokens_saved_share:.0%}", "TTFT p99 ×{ttft_p99_ratio}",
          "disk tier TTFT p50 ×{ttft_p50_ratio_disk}",
          "answers as with pool hits {answers_identical_to_pool_hits}")),
