@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import torch
 import xxhash
 
-from backend_engine.kv_transfer.block_io import BlockIO
+from backend_engine.block_pool import BlockOrigin
 from backend_engine.kv_tier.disk_store import DiskStore
+from backend_engine.kv_transfer.block_io import BlockIO
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ class KVTier:
         self.observe: Callable[[float], None] = lambda seconds: None  # each restore's duration
         self._stored: list[int] = []
         self._removed: list[int] = []
-        self.origins: dict = {}  # hash -> BlockOrigin, for publishers of vLLM's events
+        self.origins: dict[int, BlockOrigin] = {}  # for publishers of vLLM's events
 
     # -- queries -----------------------------------------------------------------------------
     def __contains__(self, block_hash: int) -> bool:
@@ -81,7 +82,7 @@ class KVTier:
             block = data[i] if len(new) == 1 else data[i].clone()  # own storage: freed alone
             self._keep(h, block, origin)
 
-    def _keep(self, h: int, block: torch.Tensor, origin=None) -> None:  # noqa: ANN001
+    def _keep(self, h: int, block: torch.Tensor, origin: BlockOrigin | None) -> None:
         kept = False
         if self.ram_capacity:
             self.ram[h] = block
