@@ -339,6 +339,8 @@ class AsyncLLMEngine:
         return {"seq": seq, "block_size": self.block_size,
                 "namespace_rule": NAMESPACE_RULE, "model": self.model_id,
                 "blocks": self.engine.pool.cached_hashes(), "load": self.load(),
+                **({"tier_blocks": self.engine.pool.tier_hashes()}
+                   if self.engine.pool.tier is not None else {}),
                 **self.kv_transfer_info()}
 
     def kv_transfer_info(self) -> dict:

@@ -42,10 +42,15 @@ class KVEvent:
     removed: list[int] = field(default_factory=list)
     cleared: bool = False
     origins: dict[int, BlockOrigin] | None = None  # of stored hashes, when the pool keeps them
+    tier_stored: list[int] = field(default_factory=list)  # entered the KV tier below the pool
+    tier_removed: list[int] = field(default_factory=list)  # left it
 
     def to_dict(self) -> dict:
-        return {"seq": self.seq, "ts": self.ts, "stored": self.stored, "removed": self.removed,
-                "cleared": self.cleared}
+        out = {"seq": self.seq, "ts": self.ts, "stored": self.stored, "removed": self.removed,
+               "cleared": self.cleared}
+        if self.tier_stored or self.tier_removed:
+            out.update(tier_stored=self.tier_stored, tier_removed=self.tier_removed)
+        return out
 
 
 class BlockPool:
@@ -65,6 +70,8 @@ class BlockPool:
         self._cleared = False
         self.keep_origins = False  # set by a ZMQ event publisher (server/kv_zmq_events.py)
         self._origins: dict[int, BlockOrigin] = {}
+        self.tier = None  # a KVTier (backend_engine/kv_tier/) that keeps evicted blocks
+        self._evicted: list[tuple] = []  # (hash, block id, origin) for the tier to copy
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -81,6 +88,10 @@ class BlockPool:
     def cached_hashes(self) -> list[int]:
         return list(self.cached)
 
+    def tier_hashes(self) -> list[int]:
+        """Blocks the KV tier below the pool holds (a block may be in both)."""
+        return [] if self.tier is None else self.tier.hashes()
+
     # -- allocation ----------------------------------------------------------------------
     def allocate(self, n: int) -> list[KVBlock]:
         if n > len(self.free):
@@ -91,6 +102,9 @@ class BlockPool:
             self._evict_hash(block)
             block.ref_cnt = 1
             out.append(block)
+        if self._evicted:  # their data is intact until the next forward writes the blocks
+            self.tier.offload(self._evicted)
+            self._evicted = []
         return out
 
     def touch(self, blocks: list[KVBlock]) -> None:
@@ -135,6 +149,9 @@ class BlockPool:
             if self.cached.get(block.block_hash) == block.block_id:
                 del self.cached[block.block_hash]
                 self._removed.append(block.block_hash)
+                if self.tier is not None:
+                    origin = self._origins.pop(block.block_hash, None) if self._origins else None
+                    self._evicted.append((block.block_hash, block.block_id, origin))
             block.block_hash = None
             block.hits = 0
 
@@ -180,12 +197,15 @@ class BlockPool:
         self._stored.clear()
         self._removed.clear()
         self._cleared = True
+        if self.tier is not None:
+            self.tier.clear()
         return True
 
     # -- events --------------------------------------------------------------------------
     def flush_events(self) -> KVEvent | None:
         """Close the current step's changes into one numbered event (None if nothing changed)."""
-        if not (self._stored or self._removed or self._cleared):
+        tier_stored, tier_removed = self.tier.take_events() if self.tier is not None else ([], [])
+        if not (self._stored or self._removed or self._cleared or tier_stored or tier_removed):
             return None
         self.event_seq += 1
         # A hash stored and removed within one step is reported by its final state only.
@@ -195,8 +215,13 @@ class BlockPool:
         origins = None
         if self._origins:
             origins = {h: self._origins[h] for h in stored if h in self._origins}
-            self._origins = {}
-        event = KVEvent(self.event_seq, time.time(), stored, removed, self._cleared, origins)
+            if self.tier is None:  # with a tier they stay until eviction hands them to it
+                self._origins = {}
+        if tier_stored and self.tier.origins:
+            kept = self.tier.origins
+            origins = (origins or {}) | {h: kept[h] for h in tier_stored if h in kept}
+        event = KVEvent(self.event_seq, time.time(), stored, removed, self._cleared, origins,
+                        tier_stored, tier_removed)
         self._stored, self._removed, self._cleared = [], [], False
         self.events.append(event)
         return event

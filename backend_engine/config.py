@@ -35,6 +35,21 @@ def _auto_or_float(text: str) -> float | None:
     return None if text.strip().lower() == "auto" else float(text)
 
 
+_SIZE_UNITS = {"": 1 << 30, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
+               "mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12,
+               "tib": 1 << 40}
+
+
+def gib(text: str) -> float:
+    """A size in GiB from "8" (GiB, as vLLM's --kv-offloading-size), "512MiB", "2GB", "1e9B"."""
+    lowered = text.strip().lower()
+    number = lowered.rstrip("kmgtib")
+    unit = lowered[len(number):]
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"unknown size unit {unit!r}")
+    return float(number) * _SIZE_UNITS[unit] / (1 << 30)
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str = setting("default", '"default" (SmolLM2-135M-Instruct), "gemma3-270m" (Gemma 3 '
@@ -81,6 +96,18 @@ class EngineConfig:
                                    group=KV_CACHE)
     max_pinned_fraction: float = setting(0.25, "share of the KV pool that pinned prefixes may "
                                          "hold (POST /admin/pins)", group=KV_CACHE)
+    kv_offload_size_gb: float = setting(
+        0.0, "host-memory KV tier below the pool: evicted prefix blocks are kept here (exact, "
+        "in the pool's dtype) and restored instead of recomputed; a size in GiB or with a unit "
+        "(512MiB, 2GB); 0: none", flag="--kv-offload-size", parse=gib, metavar="SIZE",
+        group=KV_CACHE)
+    kv_offload_dir: str | None = setting(
+        None, "disk KV tier: a folder kept across restarts (warm restart), every block "
+        "checksummed; blocks of another model or layout are left alone", metavar="DIR",
+        group=KV_CACHE)
+    kv_offload_disk_size_gb: float = setting(
+        16.0, "the disk tier's bound (GiB or with a unit); its least recently used blocks go "
+        "first", flag="--kv-offload-disk-size", parse=gib, metavar="SIZE", group=KV_CACHE)
     kv_event_buffer: int = setting(4096, "KV events kept for /kv/events replay", group=KV_CACHE)
     max_waiting: int | None = setting(None, "waiting-queue limit; beyond it requests get 503 "
                                       "(default: none)", group=UNDER_LOAD)
@@ -146,6 +173,10 @@ class EngineConfig:
     kv_transfer_window: int = setting(4, "decode: unacknowledged chunks a sender may have in "
                                       "flight", json=KV_TRANSFER_CONFIG, key="kv_window")
 
+    @property
+    def kv_offload_enabled(self) -> bool:
+        return self.kv_offload_size_gb > 0 or bool(self.kv_offload_dir)
+
     def validate(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a positive power of two")
@@ -193,6 +224,14 @@ class EngineConfig:
                 or self.kv_transfer_chunk_bytes < 1 or not 0 <= self.kv_transfer_port <= 65535:
             raise ValueError("kv_transfer_timeout_s, kv_transfer_window and "
                              "kv_transfer_chunk_bytes must be positive, kv_transfer_port a port")
+        if self.kv_offload_size_gb < 0 or self.kv_offload_disk_size_gb < 0:
+            raise ValueError("kv_offload_size and kv_offload_disk_size must not be negative")
+        if self.kv_offload_enabled and not self.enable_prefix_caching:
+            raise ValueError("a KV offload tier needs prefix caching: it keeps evicted prefix "
+                             "blocks")
+        if self.kv_offload_enabled and self.tensor_parallel_size > 1:
+            raise ValueError("a KV offload tier is not supported with tensor_parallel_size > 1 "
+                             "yet (each rank would keep its own shard's blocks)")
         if self.dtype not in DTYPES:
             raise ValueError(f"unsupported dtype {self.dtype!r}; choose one of {DTYPES}")
         if not isinstance(self.engine_options, dict) or not all(

@@ -88,6 +88,8 @@ class LLMEngine:
         self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching,
                               config.kv_event_buffer, config.eviction_policy,
                               config.max_pinned_fraction)
+        if config.kv_offload_enabled:
+            self.pool.tier = self._kv_tier(config)
         self.kv = KVCacheManager(self.pool, config.block_size)
         self.pins = PinTable(self.pool, config.block_size)
         self.budget = self._step_budget(config)
@@ -108,6 +110,16 @@ class LLMEngine:
         self._resumed: list[RequestState] = []  # decode side: first tokens came with the request
         self.structured = StructuredOutputManager(self.tokenizer, self.hf_config.vocab_size,
                                                   self.eos_token_ids, self.stats)
+
+    def _kv_tier(self, config: EngineConfig):  # -> KVTier
+        from backend_engine.kv_tier.tier import KVTier
+        from backend_engine.kv_transfer.block_io import BlockIO
+
+        io = BlockIO(self.runner.kv_caches, self.model_id)
+        tier = KVTier(io, int(config.kv_offload_size_gb * (1 << 30)), config.kv_offload_dir,
+                      int(config.kv_offload_disk_size_gb * (1 << 30)))
+        tier.observe = lambda seconds: self.stats.observe("kv_tier_restore", seconds)
+        return tier
 
     def _step_budget(self, config: EngineConfig) -> StepBudget | None:
         if not config.target_itl_ms:  # 0: a fixed token budget, no latency target
@@ -272,6 +284,8 @@ class LLMEngine:
         unusable afterwards."""
         if self.kv_connector is not None:
             self.kv_connector.shutdown()
+        if self.pool.tier is not None:
+            self.pool.tier.close()
         self.runner.shutdown()
 
     # -- the step --------------------------------------------------------------------------
@@ -472,9 +486,21 @@ class LLMEngine:
                     "prefill_floor_tokens": self.budget.floor_tokens} if self.budget else {}),
                 "max_pinned_blocks": self.pool.max_pinned_blocks,
                 "by_priority": load_by_priority(self.scheduler.running, self.scheduler.waiting),
-                **({"kv_transfer": self.kv_connector.load()} if self.kv_connector else {})}
+                **({"kv_transfer": self.kv_connector.load()} if self.kv_connector else {}),
+                **({"kv_tier": self._tier_load()} if self.pool.tier is not None else {})}
+
+    def _tier_load(self) -> dict:
+        """The tier's state, and what restoring a token costs next to prefilling it (the
+        gateway prices a tier hit with it)."""
+        info = self.pool.tier.info()
+        per_token, rate = self.pool.tier.restore_seconds_per_token(), self.drain_rate()
+        if per_token is not None and 0 < rate < float("inf"):
+            info["restore_cost"] = round(min(1.0, per_token * rate), 4)
+        return info
 
     def kv_snapshot(self) -> dict:
         seq = self.pool.event_seq  # read before the blocks: replaying later events is idempotent
         return {"seq": seq, "block_size": self.block_size, "namespace_rule": NAMESPACE_RULE,
-                "model": self.model_id, "blocks": self.pool.cached_hashes(), "load": self.load()}
+                "model": self.model_id, "blocks": self.pool.cached_hashes(),
+                **({"tier_blocks": self.pool.tier_hashes()} if self.pool.tier is not None else {}),
+                "load": self.load()}

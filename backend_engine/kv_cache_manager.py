@@ -47,7 +47,38 @@ class KVCacheManager:
             if block is None:
                 break
             blocks.append(block)
+        if self.pool.tier is not None and len(blocks) < num_full:
+            blocks += self._restore(seq.block_hashes[len(blocks):num_full], blocks,
+                                    first_lookup=seq.num_cached_tokens < 0)
         return blocks, len(blocks) * self.block_size
+
+    def _restore(self, hashes: list[int], held: list[KVBlock], first_lookup: bool) -> list[KVBlock]:
+        """Copy the tier's blocks that continue a prefix into free pool blocks, cached (and
+        free) as if never evicted; returns them in prefix order."""
+        tier, pool = self.pool.tier, self.pool
+        n = 0
+        for h in hashes:  # stop where the pool holds the block already, or the tier does not
+            if h in pool.cached or h not in tier:
+                break
+            n += 1
+        got: list[KVBlock] = []
+        if n:
+            for h in hashes[:n]:  # the most recent: the eviction the allocation causes spares them
+                tier.touch(h)
+            pool.hold(held)  # the allocation below must not reuse the prefix found so far
+            try:
+                fresh = pool.allocate(min(n, pool.num_free_blocks))
+                restored = tier.restore(hashes[:len(fresh)], [b.block_id for b in fresh])
+                got = fresh[:restored]
+                for block, h in zip(got, hashes):
+                    pool.cache_block(block, h, tier.origins.get(h))
+                pool.release(list(reversed(fresh)))
+            finally:
+                pool.release(list(reversed(held)))
+        tier.stats.hits += len(got) * self.block_size
+        if first_lookup:
+            tier.stats.misses += (len(hashes) - len(got)) * self.block_size
+        return got
 
     def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_prompt_tokens

@@ -18,7 +18,8 @@ class EngineStats:
     admission_refused: int = 0  # requests refused because the queue could not meet its bound
     _observations: dict[str, list[float]] = field(
         default_factory=lambda: {"ttft": [], "tpot": [], "e2e": [], "queue": [], "step": [],
-                                 "grammar_compile": [], "grammar_mask": []})
+                                 "grammar_compile": [], "grammar_mask": [],
+                                 "kv_tier_restore": []})
     _ttft_by_priority: list[tuple[int, float]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -87,6 +87,14 @@ SPEC_FIGURES = ("grounded c=1 ×{grounded_speedup_c1}", "chat c=1 ×{chat_speedu
                 "grounded c=16 ×{grounded_speedup_c16}", "acceptance {acceptance_grounded}")
 
 
+def kv_tier(doc: dict) -> str:
+    a, r = args(doc), doc["results"]
+    eager = ", eager: no compiled graphs" if a.get("enforce_eager") else ""
+    return (f"{a['sessions']} multi-turn chat sessions ({a['model']} model{eager}) whose working "
+            f"set is {r['working_set_blocks']} blocks, {a['working_set_ratio']:g}x the "
+            f"{r['pool_blocks']}-block KV pool: a host-memory KV tier vs none, same engine")
+
+
 def spec_decode(doc: dict) -> str:
     a = args(doc)
     return (f"kvgate engine ({SHORT_DTYPE.get(a.get('dtype'), a.get('dtype'))} weights), greedy: "
@@ -148,6 +156,12 @@ ROWS: tuple[Row, ...] = (
         "model): SLRU eviction with a pinned prefix vs plain LRU",
         ("pinned prefix hit rate {valuable_prefix_hit_slru_pin} vs {valuable_prefix_hit_lru}",
          "overall hit rate ×{overall_hit_ratio_vs_lru}")),
+    Row("kv_tier", kv_tier,
+        ("TTFT p50 ×{ttft_p50_ratio} (a pool holding the whole working set: ×{ttft_p50_ratio_big_pool})",
+         "restore {restore_vs_prefill_speed}x faster per token than "
+         "prefill", "prefill tokens saved {prefill_tokens_saved_share:.0%}", "TTFT p99 ×{ttft_p99_ratio}",
+         "disk tier TTFT p50 ×{ttft_p50_ratio_disk}",
+         "answers as with pool hits {answers_identical_to_pool_hits}")),
     Row("structured_output", "kvgate engine ({args[model]} model), JSON-schema-constrained vs free "
         "decoding, same engine and weights",
         ("tok/s ×{json_schema_ratio_c1} at c=1", "×{json_schema_ratio_c16} at c=16",

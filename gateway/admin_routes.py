@@ -59,6 +59,8 @@ def replica_view(state: GatewayState, replica: Replica) -> dict:
         "event_lag_s": replica.event_lag_s,
         "kv_events": None if replica.kv_feed is None else replica.kv_feed.to_dict(),
         "index_blocks": 0 if index_state is None else len(index_state.blocks),
+        "tier_blocks": 0 if index_state is None else state.router.index.tier.count(index_state.slot),
+        "kv_tier": replica.load.get("kv_tier"),
         "index_synced": bool(index_state and index_state.synced), "kv_connected": replica.kv_connected,
         "tokenizer_parity": replica.parity,
         "engine": replica.engine, "features": sorted(replica.features),

@@ -109,7 +109,8 @@ class ZmqFeed:
         if not self.replica.exact and self._routed():
             self.router.set_approximate(self.replica.name, False)
             self.replica.exact = True
-            self.router.on_blocks(self.replica.name, list(self.blocks.canonical), ())
+            self.router.on_blocks(self.replica.name, list(self.blocks.canonical), (),
+                                  list(self.blocks.tier_canonical))
             log.info("replica %s: KV events flowing from %s; exact index", self.replica.name,
                      self.spec.endpoint)
 
@@ -135,8 +136,10 @@ class ZmqFeed:
         return self.replica.name in self.router.replicas
 
     def _to_index(self, changes: BlockChanges) -> None:
-        if self.replica.exact and (changes.stored or changes.removed) and self._routed():
-            self.router.on_blocks(self.replica.name, changes.stored, changes.removed)
+        changed = changes.stored or changes.removed or changes.tier_stored or changes.tier_removed
+        if self.replica.exact and changed and self._routed():
+            self.router.on_blocks(self.replica.name, changes.stored, changes.removed,
+                                  changes.tier_stored, changes.tier_removed)
 
     def _fall_back(self) -> None:
         self.replica.kv_connected = False

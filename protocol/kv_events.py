@@ -26,7 +26,10 @@ import msgspec
 ExternalBlockHash = Union[bytes, int]
 
 MEDIUM_GPU = "GPU"
-MEDIUM_CPU = "CPU"
+MEDIUM_CPU = "CPU"  # vLLM's: host memory (a CPU engine's pool, or the tier below a GPU pool)
+MEDIUM_CPU_TIER = "CPU_TIER"  # kvgate's: host-memory KV tier below a CPU engine's pool
+MEDIUM_DISK = "DISK"  # kvgate's: a KV tier on disk only
+TIER_MEDIA = (MEDIUM_CPU_TIER, MEDIUM_DISK)  # media that are a tier below a pool, never a pool
 END_SEQ = -1  # a replay answer ends with this sequence number (8 bytes, signed)
 
 

@@ -13,6 +13,9 @@ Rules: a block whose parent was never seen (joined late, events lost) is dropped
 a block whose hash depends on something other than tokens (images, prompt embeddings) is
 dropped, and so are its children; a canonical hash completed by several engine blocks (two DP
 ranks, GPU and CPU copies, a block re-stored after a radix split) stays until the last goes.
+Blocks of a KV tier's medium (`TIER_MEDIA`: kvgate's `CPU_TIER`, `DISK`) are counted apart, so
+the index can price them as a restore rather than a hit; vLLM's `CPU` counts as cached, as it
+names a CPU engine's pool as well as a GPU engine's offload tier.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from protocol.kv_events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored,
-                                ExternalBlockHash, KVEventBatch)
+from protocol.kv_events import (MEDIUM_CPU, MEDIUM_GPU, TIER_MEDIA, AllBlocksCleared,
+                                BlockRemoved, BlockStored, ExternalBlockHash, KVEventBatch)
 from routing.hashing import block_hash, block_hashes, namespace_for, root_hash
 
+_Nets = tuple[dict[int, bool], dict[int, bool]]  # pool, tier: canonical hash -> still held
 # Attention kinds whose blocks are a reusable prefix; other groups (sliding window, mamba) of a
 # hybrid model repeat the full-attention group's tokens and are skipped.
 FULL_ATTENTION_KINDS = (None, "full_attention", "FullAttentionSpec")
@@ -48,6 +52,8 @@ class BlockChanges:
 
     stored: list[int] = field(default_factory=list)
     removed: list[int] = field(default_factory=list)
+    tier_stored: list[int] = field(default_factory=list)  # in a KV tier below the pool
+    tier_removed: list[int] = field(default_factory=list)
 
 
 class EngineBlockMap:
@@ -62,6 +68,7 @@ class EngineBlockMap:
         self.stats = MapStats()
         self._ranks: dict[int, dict[object, object]] = {}
         self._refs: dict[int, int] = {}  # canonical hash -> engine blocks that completed it
+        self._tier_refs: dict[int, int] = {}  # the same for blocks of a tier medium
         self._num_blocks = 0
 
     def __len__(self) -> int:
@@ -71,34 +78,38 @@ class EngineBlockMap:
     def canonical(self) -> set[int]:
         return set(self._refs)
 
+    @property
+    def tier_canonical(self) -> set[int]:
+        return set(self._tier_refs)
+
     # -- events ---------------------------------------------------------------------------
     def apply(self, batch: KVEventBatch, rank: int = 0) -> BlockChanges:
-        net: dict[int, bool] = {}
+        nets: _Nets = ({}, {})  # pool, tier: canonical hash -> held after this batch
         blocks = self._ranks.setdefault(rank, {})
         for event in batch.events:
             if isinstance(event, BlockStored):
-                self._stored(blocks, event, net)
+                self._stored(blocks, event, nets[event.medium in TIER_MEDIA])
             elif isinstance(event, BlockRemoved):
                 for h in event.block_hashes:
-                    self._remove(blocks, _key(h, event.medium, event.group_idx), net)
+                    self._remove(blocks, _key(h, event.medium, event.group_idx), nets)
             elif isinstance(event, AllBlocksCleared):
-                self._clear_rank(rank, net)
+                self._clear_rank(rank, nets)
                 blocks = self._ranks.setdefault(rank, {})
         if self._num_blocks > self.max_blocks:
-            self._evict(net)
-        return _changes(net)
+            self._evict(nets)
+        return _changes(nets)
 
     def clear_rank(self, rank: int) -> BlockChanges:
         """Forget one rank's blocks (its publisher restarted, or events were lost)."""
-        net: dict[int, bool] = {}
-        self._clear_rank(rank, net)
-        return _changes(net)
+        nets: _Nets = ({}, {})
+        self._clear_rank(rank, nets)
+        return _changes(nets)
 
     def clear(self) -> BlockChanges:
-        net: dict[int, bool] = {}
+        nets: _Nets = ({}, {})
         for rank in list(self._ranks):
-            self._clear_rank(rank, net)
-        return _changes(net)
+            self._clear_rank(rank, nets)
+        return _changes(nets)
 
     # -- internals ------------------------------------------------------------------------
     def _stored(self, blocks: dict, event: BlockStored, net: dict[int, bool]) -> None:
@@ -122,8 +133,9 @@ class EngineBlockMap:
                 return
         else:
             state = blocks.get(_key(parent, medium, group))
-            if state is None and (medium is not None or group is not None):
-                state = blocks.get(_key(parent, None, None))  # a parent stored on another tier
+            for other, g in ((None, None), (MEDIUM_CPU, group), *((m, group) for m in TIER_MEDIA)):
+                if state is None and (other, g) != (medium, group):  # a parent on another medium
+                    state = blocks.get(_key(parent, other, g))
             if state is None:
                 self.stats.unknown_parent += n
                 return
@@ -148,7 +160,7 @@ class EngineBlockMap:
             blocks[key] = state
             self._num_blocks += 1
             self.stats.stored_blocks += 1
-            refs = self._refs
+            refs = self._tier_refs if medium in TIER_MEDIA else self._refs
             for h in _completed(state):
                 c = refs.get(h, 0)
                 refs[h] = c + 1
@@ -159,7 +171,7 @@ class EngineBlockMap:
                         net: dict[int, bool]) -> None:
         medium, group = event.medium, event.group_idx
         plain = (medium is None or medium == MEDIUM_GPU) and not group
-        refs = self._refs
+        refs = self._tier_refs if medium in TIER_MEDIA else self._refs
         added = 0
         for engine_hash, h in zip(event.block_hashes,
                                   block_hashes(event.token_ids, "", self.block_size, parent=tail)):
@@ -203,17 +215,18 @@ class EngineBlockMap:
             return tail
         return (tail, rest, completed)
 
-    def _remove(self, blocks: dict, key: object, net: dict[int, bool]) -> None:
+    def _remove(self, blocks: dict, key: object, nets: _Nets) -> None:
         state = blocks.pop(key, None)
         if state is None:
             self.stats.unknown_removed += 1
             return
         self._num_blocks -= 1
         self.stats.removed_blocks += 1
-        self._release(state, net)
+        self._release(key, state, nets)
 
-    def _release(self, state: object, net: dict[int, bool]) -> None:
-        refs = self._refs
+    def _release(self, key: object, state: object, nets: _Nets) -> None:
+        tier = isinstance(key, tuple) and key[0] in TIER_MEDIA
+        refs, net = (self._tier_refs, nets[1]) if tier else (self._refs, nets[0])
         for h in _completed(state):
             c = refs.get(h, 0) - 1
             if c > 0:
@@ -222,18 +235,18 @@ class EngineBlockMap:
                 refs.pop(h, None)
                 net[h] = False
 
-    def _clear_rank(self, rank: int, net: dict[int, bool]) -> None:
+    def _clear_rank(self, rank: int, nets: _Nets) -> None:
         blocks = self._ranks.pop(rank, None) or {}
         self._num_blocks -= len(blocks)
-        for state in blocks.values():
-            self._release(state, net)
+        for key, state in blocks.items():
+            self._release(key, state, nets)
 
-    def _evict(self, net: dict[int, bool]) -> None:
+    def _evict(self, nets: _Nets) -> None:
         # Oldest mappings first (dicts keep insertion order), from the largest rank.
         while self._num_blocks > self.max_blocks:
             blocks = max(self._ranks.values(), key=len)
             key = next(iter(blocks))
-            self._release(blocks.pop(key), net)
+            self._release(key, blocks.pop(key), nets)
             self._num_blocks -= 1
             self.stats.evicted += 1
 
@@ -259,8 +272,10 @@ def _only_names(keys: Sequence[object], lora_name: str | None, root: bool) -> bo
     return True
 
 
-def _changes(net: dict[int, bool]) -> BlockChanges:
+def _changes(nets: _Nets) -> BlockChanges:
     out = BlockChanges()
-    for h, stored in net.items():
+    for h, stored in nets[0].items():
         (out.stored if stored else out.removed).append(h)
+    for h, stored in nets[1].items():
+        (out.tier_stored if stored else out.tier_removed).append(h)
     return out

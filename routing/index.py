@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from routing.hashing import DEFAULT_BLOCK_SIZE
 from routing.predicted import MAX_SLOTS, PredictedBlocks
+from routing.tier_index import TierIndex, clear_bit
 
 # Rough CPython cost of one resident entry: a slot in the shared dict (hash -> int mask) plus a
 # slot in the replica's OrderedDict; used to turn a byte budget into an entry budget.
@@ -73,6 +74,7 @@ class PrefixIndex:
         self._names: dict[int, str] = {}
         self._resident: dict[int, int] = {}
         self._predicted = PredictedBlocks(max_predicted_entries)
+        self.tier = TierIndex(self.max_entries)  # blocks in replicas' KV tiers below the pool
         self._num_resident = 0
         self._evictions = 0
         self._resyncs = 0
@@ -115,13 +117,10 @@ class PrefixIndex:
         bit = 1 << state.slot
         resident = self._resident
         for h in state.blocks:
-            m = resident.get(h, 0) & ~bit
-            if m:
-                resident[h] = m
-            else:
-                resident.pop(h, None)
+            clear_bit(resident, h, bit)
         self._num_resident -= len(state.blocks)
         state.blocks = OrderedDict()
+        self.tier.drop(state.slot)
 
     # -- engine snapshots and events ------------------------------------------------------
     def apply_snapshot(self, name: str, snapshot: Mapping) -> None:
@@ -132,6 +131,7 @@ class PrefixIndex:
             raise BlockSizeMismatch(f"replica {name} uses block_size {bs}, index {self.block_size}")
         self.drop_replica(name)
         self._store(state, snapshot.get("blocks", ()))
+        self.tier.store(state.slot, snapshot.get("tier_blocks", ()))
         state.seq = int(snapshot.get("seq", 0))
         state.instance_id = snapshot.get("instance_id", state.instance_id)
         state.synced = True
@@ -162,16 +162,21 @@ class PrefixIndex:
         stored = event.get("stored")
         if stored:
             self._store(state, stored)
+        if "tier_stored" in event:
+            self.tier.remove(state.slot, event.get("tier_removed") or ())
+            self.tier.store(state.slot, event.get("tier_stored") or ())
         return True
 
-    def apply_blocks(self, name: str, stored: Sequence[int] = (),
-                     removed: Sequence[int] = ()) -> None:
+    def apply_blocks(self, name: str, stored: Sequence[int] = (), removed: Sequence[int] = (),
+                     tier_stored: Sequence[int] = (), tier_removed: Sequence[int] = ()) -> None:
         """Blocks of a replica fed by a foreign event stream (mapped in engine_blocks.py)."""
         state = self.replica(name)
         if removed:
             self._remove(state, removed)
         if stored:
             self._store(state, stored)
+        self.tier.remove(state.slot, tier_removed)
+        self.tier.store(state.slot, tier_stored)
 
     def set_approximate(self, name: str, approximate: bool,
                         capacity_blocks: int | None = None) -> None:
@@ -213,11 +218,7 @@ class PrefixIndex:
         for h in hashes:
             if blocks.pop(h, 0) is None:
                 self._num_resident -= 1
-                m = resident.get(h, 0) & ~bit
-                if m:
-                    resident[h] = m
-                else:
-                    resident.pop(h, None)
+                clear_bit(resident, h, bit)
 
     def _trim(self, state: ReplicaIndexState, keep: int) -> None:
         blocks = state.blocks
@@ -287,6 +288,14 @@ class PrefixIndex:
         self._assign(result, alive, depth)
         return result
 
+    def match_tier(self, hashes: Sequence[int], depths: Mapping[str, int]) -> dict[str, int]:
+        """Blocks past each replica's pool match (`depths`, from `match`) that its KV tier
+        holds, in a consecutive run; replicas without tier blocks are absent."""
+        if not len(self.tier):
+            return {}
+        slots = {name: state.slot for name, state in self._replicas.items()}
+        return self.tier.extend(hashes, depths, slots, self._resident.get)
+
     def _assign(self, result: dict[str, int], mask: int, depth: int) -> None:
         names = self._names
         while mask:
@@ -297,10 +306,10 @@ class PrefixIndex:
     def size(self) -> IndexSize:
         predicted = len(self._predicted)
         return IndexSize(
-            resident_entries=self._num_resident,
+            resident_entries=self._num_resident + len(self.tier),
             predicted_entries=predicted,
-            estimated_bytes=self._num_resident * BYTES_PER_ENTRY
+            estimated_bytes=(self._num_resident + len(self.tier)) * BYTES_PER_ENTRY
             + predicted * BYTES_PER_PREDICTED_ENTRY,
-            evictions=self._evictions + self._predicted.evictions,
+            evictions=self._evictions + self._predicted.evictions + self.tier.evictions,
             resyncs=self._resyncs,
         )

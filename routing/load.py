@@ -63,6 +63,7 @@ class _ReplicaLoad:
     pending_prefill_tokens: int = 0
     engine: EngineLoad | None = None
     by_priority: dict[int, list[int]] = field(default_factory=dict)  # p -> [in flight, pending]
+    restore_cost: float | None = None  # its KV tier's restore time per token / prefill time
 
     def own(self, priority: int | None) -> tuple[int, int]:
         """This gateway's open bookings of priority <= `priority` (None: all), and their
@@ -133,6 +134,9 @@ class LoadTracker:
         load = self._replicas.get(replica)
         if load is None or report is None:
             return
+        tier = report.get("kv_tier")
+        if isinstance(tier, Mapping) and "restore_cost" in tier:
+            load.restore_cost = min(1.0, max(0.0, float(tier["restore_cost"])))
         load.engine = EngineLoad(
             running=int(report.get("running", 0)),
             waiting=int(report.get("waiting", 0)),
@@ -164,6 +168,11 @@ class LoadTracker:
             waiting=waiting,
             kv_usage=engine.kv_usage,
         )
+
+    def restore_cost(self, replica: str) -> float | None:
+        """The replica's measured KV-tier restore cost per token, as a share of prefilling it."""
+        load = self._replicas.get(replica)
+        return None if load is None else load.restore_cost
 
     def engine_report(self, replica: str) -> EngineLoad | None:
         """The engine's last load report, if fresh."""

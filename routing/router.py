@@ -65,9 +65,10 @@ class Router:
         self.load.observe_engine(name, event.get("load"))
         return self.index.apply_event(name, event)
 
-    def on_blocks(self, name: str, stored: Sequence[int], removed: Sequence[int]) -> None:
-        """Apply canonical blocks mapped from a foreign engine's events."""
-        self.index.apply_blocks(name, stored, removed)
+    def on_blocks(self, name: str, stored: Sequence[int], removed: Sequence[int],
+                  tier_stored: Sequence[int] = (), tier_removed: Sequence[int] = ()) -> None:
+        """Apply canonical blocks mapped from a foreign engine's events (pool, then KV tier)."""
+        self.index.apply_blocks(name, stored, removed, tier_stored, tier_removed)
 
     def set_approximate(self, name: str, approximate: bool,
                         capacity_blocks: int | None = None) -> None:
@@ -84,6 +85,7 @@ class Router:
         of priority <= `priority` (the work a request of that priority waits behind)."""
         skip = set(exclude)
         matched = self.index.match(hashes)
+        tier = self.index.match_tier(hashes, matched)
         # An engine always computes the prompt's last token, so at most (n-1)//B blocks hit.
         max_blocks = max(0, (prompt_tokens - 1) // self.block_size)
         states = []
@@ -91,10 +93,16 @@ class Router:
             if info.name in skip:
                 continue
             view = self.load.view(info.name, priority)
-            states.append(ReplicaState(
-                info.name, min(matched.get(info.name, 0), max_blocks) * self.block_size,
-                view.in_flight, view.pending_prefill_tokens, view.waiting, view.kv_usage,
-                info.approximate))
+            pool = min(matched.get(info.name, 0), max_blocks)
+            state = ReplicaState(
+                info.name, pool * self.block_size, view.in_flight, view.pending_prefill_tokens,
+                view.waiting, view.kv_usage, info.approximate)
+            if info.name in tier:
+                state.tier_tokens = min(tier[info.name], max_blocks - pool) * self.block_size
+                cost = self.load.restore_cost(info.name)
+                if cost is not None:
+                    state.restore_cost = cost
+            states.append(state)
         return states
 
     def route(self, token_ids: Sequence[int], namespace: str, request_id: str | None = None,

@@ -55,8 +55,10 @@ class SharedRouter:
         candidates = []
         for s in states:
             engine_in_flight, engine_pending = router.load.engine_counts(s.name, priority)
+            # a tier hit enters the Lua cost as the pool hit of the same cost
+            effective = s.cached_tokens + int(s.tier_tokens * (1.0 - s.restore_cost))
             candidates.append(Candidate(
-                s.name, s.cached_tokens, self.max_in_flight, policy.saturated(s) is not None,
+                s.name, effective, self.max_in_flight, policy.saturated(s) is not None,
                 engine_in_flight, engine_pending,
                 0 if session_key is None else rendezvous_weight(session_key, s.name) + 1))
         pick = await self.store.route_and_reserve(

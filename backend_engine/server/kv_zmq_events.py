@@ -1,7 +1,8 @@
 """Feed the block pool's events to a ZMQ publisher as vLLM batches (`--kv-events-config`): one
 batch per engine step that changed the cache, `AllBlocksCleared`, then `BlockRemoved`, then one
 `BlockStored` per chain of stored blocks (parent hash, block hashes, token ids; the request's
-cache salt as the first block's extra key, as vLLM sends it). Block hashes are the canonical
+cache salt as the first block's extra key, as vLLM sends it); then the same for the KV tier
+below the pool, under the tier's medium (`tier_medium`). Block hashes are the canonical
 ones, so a kvgate gateway and any vLLM-event consumer name the same blocks. The app imports this
 module only when publishing is enabled (it needs pyzmq and msgspec)."""
 
@@ -15,8 +16,8 @@ from typing import TYPE_CHECKING
 from backend_engine.block_pool import BlockOrigin, BlockPool, KVEvent
 from backend_engine.server.kv_events_config import KVEventsConfig
 from backend_engine.server.kv_publisher import ZmqEventPublisher
-from protocol.kv_events import (MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
-                                BlockStored, KVEventBatch)
+from protocol.kv_events import (MEDIUM_CPU, MEDIUM_CPU_TIER, MEDIUM_DISK, MEDIUM_GPU,
+                                AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch)
 
 if TYPE_CHECKING:
     from backend_engine.server.state import ServerState
@@ -24,15 +25,40 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def to_batch(event: KVEvent, model_id: str, block_size: int, medium: str) -> KVEventBatch:
+def pool_medium(device: str) -> str:
+    return MEDIUM_GPU if str(device).startswith("cuda") else MEDIUM_CPU
+
+
+def tier_medium(device: str, ram: bool) -> str:
+    """The KV tier's medium: vLLM's "CPU" below a GPU pool; below a CPU pool, whose medium
+    "CPU" already is, "CPU_TIER"; "DISK" for a tier on disk only."""
+    if not ram:
+        return MEDIUM_DISK
+    return MEDIUM_CPU if pool_medium(device) == MEDIUM_GPU else MEDIUM_CPU_TIER
+
+
+def to_batch(event: KVEvent, model_id: str, block_size: int, medium: str,
+             tier: str | None = None) -> KVEventBatch:
+    """One step's changes; the pool's blocks with `medium`, its KV tier's with `tier`."""
     events: list = []
     if event.cleared:
         events.append(AllBlocksCleared())
     if event.removed:
         events.append(BlockRemoved(list(event.removed), medium))
     origins = event.origins or {}
+    _stored_runs(events, event.stored, origins, model_id, block_size, medium)
+    if tier is not None:
+        if event.tier_removed:
+            events.append(BlockRemoved(list(event.tier_removed), tier))
+        _stored_runs(events, event.tier_stored, origins, model_id, block_size, tier)
+    return KVEventBatch(event.ts, events)
+
+
+def _stored_runs(events: list, stored: list[int], origins: dict[int, BlockOrigin], model_id: str,
+                 block_size: int, medium: str) -> None:
+    """One BlockStored per chain of consecutive stored blocks."""
     run: list[tuple[int, BlockOrigin]] = []
-    for h in event.stored:
+    for h in _parents_first(stored, origins):
         origin = origins.get(h)
         if origin is None:
             continue  # stored before the publisher asked for origins
@@ -42,7 +68,28 @@ def to_batch(event: KVEvent, model_id: str, block_size: int, medium: str) -> KVE
         run.append((h, origin))
     if run:
         events.append(_stored(run, model_id, block_size, medium))
-    return KVEventBatch(event.ts, events)
+
+
+def _parents_first(stored: list[int], origins: dict[int, BlockOrigin]) -> list[int]:
+    """The hashes with each block after its parent (a pool evicts a request's tail first)."""
+    present = set(stored)
+    children: dict[int, list[int]] = {}
+    roots = []
+    for h in stored:
+        origin = origins.get(h)
+        parent = origin.parent if origin is not None else None
+        if parent in present and parent != h:
+            children.setdefault(parent, []).append(h)
+        else:
+            roots.append(h)
+    out = []
+    for root in roots:
+        stack = [root]
+        while stack:
+            h = stack.pop()
+            out.append(h)
+            stack.extend(reversed(children.get(h, ())))
+    return out
 
 
 def _stored(run: list[tuple[int, BlockOrigin]], model_id: str, block_size: int,
@@ -66,7 +113,9 @@ async def publish_forever(state: ServerState, config: KVEventsConfig) -> None:
     engine = state.engine
     pool: BlockPool = engine.engine.pool
     pool.keep_origins = True
-    medium = MEDIUM_GPU if str(engine.engine.config.device).startswith("cuda") else MEDIUM_CPU
+    config = engine.engine.config
+    medium = pool_medium(config.device)
+    tier = tier_medium(config.device, config.kv_offload_size_gb > 0) if pool.tier else None
     publisher = await asyncio.to_thread(ZmqEventPublisher, config)
     last = pool.event_seq
     try:
@@ -79,7 +128,8 @@ async def publish_forever(state: ServerState, config: KVEventsConfig) -> None:
                 publisher.publish(KVEventBatch(time.time(), [AllBlocksCleared()]))
                 continue
             for event in events:
-                publisher.publish(to_batch(event, engine.model_id, engine.block_size, medium))
+                publisher.publish(to_batch(event, engine.model_id, engine.block_size, medium,
+                                           tier))
                 last = event.seq
     finally:
         await asyncio.to_thread(publisher.shutdown)

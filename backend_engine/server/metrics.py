@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from backend_engine.server.kv_tier_metrics import RESTORE_BUCKETS, kv_tier_metrics
 from protocol.engine_extras import IGNORED
 
 if TYPE_CHECKING:
@@ -102,6 +103,8 @@ class _EngineCollector(Collector):
         yield _by_priority(load.get("by_priority") or {})
         if load.get("kv_transfer"):
             yield from _kv_transfer_metrics(load["kv_transfer"])
+        if load.get("kv_tier"):
+            yield from kv_tier_metrics(load["kv_tier"])
 
 
 def _kv_transfer_metrics(kv: dict) -> Iterator[Metric]:
@@ -194,6 +197,9 @@ class ServerMetrics:
                                      "What a KV transfer added to its request: from the prefill's end to the "
                                      "decode replica's acknowledgement.",
                                      buckets=KV_TRANSFER_BUCKETS, registry=r)
+        self.kv_tier_restore = Histogram("kvgate_kv_tier_restore_seconds",
+                                         "Restoring a prefix's blocks from the KV tier into the pool.",
+                                         buckets=RESTORE_BUCKETS, registry=r)
         self.http = Counter("kvgate_http_requests", "HTTP requests by route and status code.",
                             ["route", "status_code"], registry=r)
 
@@ -204,7 +210,8 @@ class ServerMetrics:
         observed = engine.drain_observations()
         for key, histogram in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e),
                                ("step", self.step), ("grammar_compile", self.grammar_compile),
-                               ("grammar_mask", self.grammar_mask)):
+                               ("grammar_mask", self.grammar_mask),
+                               ("kv_tier_restore", self.kv_tier_restore)):
             for value in observed.get(key, ()):
                 histogram.observe(value)
         for priority, value in engine.drain_ttft_by_priority():

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from backend_engine.cli_args import to_argv
@@ -143,6 +144,8 @@ def build_plan(config: UpConfig, gpus: int, cores: int, redis_port: int | None =
         if role == "decode":
             own["kv_transfer_port"] = kv_port
             kv_port += 1
+        if settings.get("kv_offload_dir"):  # each replica its own disk tier, kept across restarts
+            own["kv_offload_dir"] = str(Path(settings["kv_offload_dir"]) / name)
         spec = _replica_spec(config, i, name, settings | own, device, gpus, cores, total, python)
         spec.kv_port = own.get("kv_transfer_port")
         replicas.append(spec)

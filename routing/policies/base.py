@@ -31,6 +31,8 @@ class ReplicaState:
     waiting: int = 0
     kv_usage: float = 0.0
     approximate: bool = False  # cache knowledge learned from routing history, not events
+    tier_tokens: int = 0  # past cached_tokens: prefix tokens its KV tier holds (restorable)
+    restore_cost: float = 0.1  # restoring a tier token, as a share of prefilling it
 
 
 @dataclass(slots=True)

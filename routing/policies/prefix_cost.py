@@ -4,7 +4,10 @@ guards, and no herding.
     cost(r) = (2 * uncached_tokens(r) + pending_prefill_tokens(r) + block_size)
               * (1 + in_flight(r) / 4)
 
-The first factor is prefill work in tokens. The request waits for the prefill already queued
+The first factor is prefill work in tokens. Prefix tokens a replica holds only in its KV tier
+(host memory or disk below its pool) count as `restore_cost` of an uncached token each - the
+replica's measured restore time per token over its prefill time per token - so a tier hit
+lands between a pool hit and a miss. The request waits for the prefill already queued
 on r (pending) and for its own uncached tokens; its uncached tokens count twice because they
 are also new work every later request on r waits behind, and blocks they evict from r's
 cache. Pending prefill counts once: that work happens wherever this request goes, and when r
@@ -49,8 +52,9 @@ def prefix_cost(r: ReplicaState, prompt_tokens: int, block_size: int,
                 weigh_kv_room: bool = False) -> float:
     """`weigh_kv_room` (decode replicas of a P/D pair): divide by the free share of the KV
     cache, so a replica whose cache is half full costs twice as much."""
-    uncached = max(0, prompt_tokens - r.cached_tokens)
-    cost = float((uncached_weight * uncached + r.pending_prefill_tokens + block_size)
+    uncached = max(0, prompt_tokens - r.cached_tokens - r.tier_tokens)
+    restore = r.tier_tokens * r.restore_cost  # a tier hit, in prefill tokens of work
+    cost = float((uncached_weight * (uncached + restore) + r.pending_prefill_tokens + block_size)
                  * (1.0 + r.in_flight / batch_scale))
     return cost / max(0.05, 1.0 - r.kv_usage) if weigh_kv_room else cost
 
@@ -107,7 +111,7 @@ class PrefixCostPolicy:
                  for r in replicas}
         best = min(costs[r.name] for r in window)
         near = [r for r in window if costs[r.name] <= best * (1 + self.near_equal)]
-        best_cached = max(r.cached_tokens for r in candidates)
+        best_cached = max(r.cached_tokens + r.tier_tokens for r in candidates)
         hint = request.session_key
         if best_cached == 0:
             if hint is not None:
@@ -120,8 +124,8 @@ class PrefixCostPolicy:
                 reason = "new_prefix"
             self._new_prefix_turn[chosen.name] = next(self._turns)
         else:
-            chosen = home_of(hint, near) if hint is not None else self._rng.choice(near)
-            reason = "cache_hit" if chosen.cached_tokens >= best_cached else "load_window"
+        best_cached = max(r.cached_tokens + r.tier_tokens for r in candidates)
+        hint = request.session_key
         if all_saturated:
             reason = "all_saturated"
         return build_decision(self.name, request, chosen, reason, replicas, costs, excluded)
