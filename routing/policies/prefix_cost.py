@@ -124,8 +124,11 @@ class PrefixCostPolicy:
                 reason = "new_prefix"
             self._new_prefix_turn[chosen.name] = next(self._turns)
         else:
-        best_cached = max(r.cached_tokens + r.tier_tokens for r in candidates)
-        hint = request.session_key
+            chosen = home_of(hint, near) if hint is not None else self._rng.choice(near)
+            held = chosen.cached_tokens + chosen.tier_tokens
+            reason = ("load_window" if held < best_cached
+                      else "cache_hit" if chosen.cached_tokens >= chosen.tier_tokens
+                      else "tier_hit")
         if all_saturated:
             reason = "all_saturated"
         return build_decision(self.name, request, chosen, reason, replicas, costs, excluded)
