@@ -167,6 +167,8 @@ def validate(config: GatewayConfig) -> GatewayConfig:
         raise ConfigError("lease_s must be positive")
     if config.failure_threshold < 1:
         raise ConfigError("failure_threshold must be at least 1")
+    if config.overload_affinity_s < 0:
+        raise ConfigError("overload_affinity_s must be >= 0 (0: no affinity in the overload queue)")
     if config.max_queued_requests < 0 or config.max_queue_wait_s <= 0:
         raise ConfigError("max_queued_requests must be >= 0 and max_queue_wait_s positive")
     if config.pd_bypass_tokens < 0 or config.pd_transfer_weight < 0:

@@ -55,8 +55,10 @@ def _exclusions(state: GatewayState, model: str, tried: set[str],
 
 @dataclass(slots=True)
 class Overloaded:
-    """Every replica that could take the request refused it for load."""
+    """Every replica that could take the request refused it for load (or, for a queued request
+    that may hold on to its prefix, the replica holding the prefix did: `preferred`)."""
     retry_after_s: float
+    preferred: str | None = None
 
 
 async def forward(state: GatewayState, routed: RoutedRequest,
@@ -81,10 +83,12 @@ async def _forward_queued(state: GatewayState, routed: RoutedRequest,
             while True:
                 if refusal is not None:
                     await queue.wait_retry(ticket, refusal.retry_after_s)
-                outcome = await _attempts(state, routed, tried)
+                outcome = await _attempts(state, routed, tried, hold=queue.may_hold(ticket))
                 if not isinstance(outcome, Overloaded):
                     return outcome
                 refusal = outcome
+                if outcome.preferred is not None:
+                    queue.hold(ticket, outcome.preferred)
     except (QueueFull, QueueTimeout) as exc:
         state.stats.record_request(None, ok=False)
         state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
@@ -94,10 +98,18 @@ async def _forward_queued(state: GatewayState, routed: RoutedRequest,
                                   retry, "gateway_overloaded") from None
 
 
-async def _attempts(state: GatewayState, routed: RoutedRequest,
-                    tried: set[str] | None = None) -> Response | Overloaded:
+def _prefers(decision: Decision) -> bool:
+    """Did the policy pick the replica holding the prompt's longest cached prefix?"""
+    return decision.cached_tokens > 0 and decision.cached_tokens >= max(
+        s.cached_tokens for s in decision.scores)
+
+
+async def _attempts(state: GatewayState, routed: RoutedRequest, tried: set[str] | None = None,
+                    hold: bool = False) -> Response | Overloaded:
     """One pass over the replicas, best first, until one answers. A replica that refuses for
-    load is skipped without counting as a failure; if all refuse, the request may wait."""
+    load is skipped without counting as a failure; if all refuse, the request may wait. With
+    `hold` (a queued request), a refusal by the policy's first pick, when that pick holds the
+    prefix, ends the pass: the request waits for that replica rather than taking another."""
     tried = set(tried or ())
     last: UpstreamFailure | None = None
     refusals: list[float] = []
@@ -132,13 +144,18 @@ async def _attempts(state: GatewayState, routed: RoutedRequest,
             upstream = await open_until_down(state.proxy, replica, routed.path, routed.body,
                                               routed.headers)
         except UpstreamFailure as failure:
-            await _release(state, decision, lease)
+            # a refusal for load frees no place there: nobody queued should be woken for it
+            await _release(state, decision, lease, freed=failure.reason != "overloaded")
             tried.add(replica.name)
             if failure.reason == "overloaded":  # healthy, only busy: no breaker, no backoff
                 replica.breaker.record_success()
+                # it took nothing: its prefix prediction would pull the next try there as well
+                state.router.index.unpredict(replica.name, routed.hashes)
                 record.status, record.error = 503, str(failure)
                 refusals.append(failure.retry_after_s or 1.0)
                 state.metrics.retries.labels("overloaded").inc()
+                if hold and attempt == 1 and _prefers(decision):
+                    return Overloaded(refusals[0], preferred=replica.name)
                 continue
             _note_failure(state, replica, record, failure.status or 502, str(failure))
             last = failure
@@ -176,11 +193,13 @@ def _keep_lease(state: GatewayState, decision: Decision) -> asyncio.Task | None:
     return asyncio.create_task(renew_forever())
 
 
-async def _release(state: GatewayState, decision: Decision, lease: asyncio.Task | None) -> None:
+async def _release(state: GatewayState, decision: Decision, lease: asyncio.Task | None,
+                   freed: bool = True) -> None:
     if lease is not None:
         lease.cancel()
     await state.shared.finish(decision.request_id)
-    state.overload.notify_freed()
+    if freed:
+        state.overload.notify_freed(decision.replica)
 
 
 def _record(routed: RoutedRequest, decision: Decision, attempt: int) -> DecisionRecord:

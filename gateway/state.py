@@ -75,7 +75,8 @@ class GatewayState:
                                             self.refresh_models, self.pin_sync)
         self.kv_sync = KvSync(self.client, self.router, self.pin_sync, self.use_approximate_index)
         self.stats = GatewayStats(config.decisions_kept)
-        self.overload = OverloadQueue(config.max_queued_requests, config.max_queue_wait_s)
+        self.overload = OverloadQueue(config.max_queued_requests, config.max_queue_wait_s,
+                                      config.overload_affinity_s)
         self.advice = (PrefixAdvisor(AdviceConfig(block_size=config.block_size))
                        if config.prefix_advice else None)
         self.priorities = PriorityStats(self.metrics.registry)
