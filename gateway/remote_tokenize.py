@@ -1,6 +1,6 @@
 """Tokenisation through a replica's `/tokenize`, for models whose replicas serve no tokenizer
 bundle (vLLM, SGLang, llama.cpp): each call goes to the least-loaded replica of the model
-(requests in flight there plus this gateway's own /tokenize calls, ties broken at random, never
+(requests in flight there plus this gateway's own /tokenize calls, ties taken in turn, never
 "the first"), identical prompts asked at once share one call, and answers are kept a few
 seconds by prompt hash, so a burst of retries or siblings costs one round trip."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import random
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -24,20 +24,21 @@ CACHE_ENTRIES = 4096
 
 class RemoteTokenizer:
     def __init__(self, client: httpx.AsyncClient, ttl_s: float = CACHE_TTL_S,
-                 max_entries: int = CACHE_ENTRIES, seed: int | None = None) -> None:
+                 max_entries: int = CACHE_ENTRIES) -> None:
         self.client = client
         self.ttl_s, self.max_entries = ttl_s, max_entries
         self._cache: OrderedDict[str, tuple[float, list[int]]] = OrderedDict()
         self._pending: dict[str, asyncio.Future] = {}
         self.in_flight: dict[str, int] = {}  # replica URL -> our /tokenize calls there now
         self.calls: dict[str, int] = {}  # replica URL -> /tokenize calls made (dashboard, tests)
-        self._rng = random.Random(seed)
+        self._turn = itertools.count()
 
     def pick(self, candidates: Sequence[tuple[str, int]]) -> str:
         """The URL with the least load: `candidates` are (url, requests in flight there)."""
         loads = {url: load + self.in_flight.get(url, 0) for url, load in candidates}
         least = min(loads.values())
-        return self._rng.choice([url for url, load in loads.items() if load == least])
+        ties = sorted(url for url, load in loads.items() if load == least)
+        return ties[next(self._turn) % len(ties)]
 
     async def tokens(self, candidates: Sequence[tuple[str, int]], body: dict) -> list[int]:
         if not candidates:
