@@ -222,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"({time.monotonic() - started:.0f} s in)")
         time.sleep(2)  # let the last turn's processes leave the cores
     per_workload = {w: compare(r) for w, r in rows.items()}
-    summary = {**worst(per_workload), "per_workload": per_workload, "replicas": args.replicas,
-               "rows": args.rows, "elapsed_s": round(time.monotonic() - started)}
+    finished = {g: sum(r[g].finished for r in rows.values() if g in r) for g in gateways}
+    summary = {**worst(per_workload), "requests": sum(len(j) for j in jobs.values()),
+               **{f"{g}_finished": n for g, n in finished.items()},
+               "per_workload": per_workload, "elapsed_s": round(time.monotonic() - started)}
     results_file.write("vs_smg", summary,
                        {"args": vars(args), "runs": {w: {g: f.to_dict() for g, f in r.items()}
                                                      for w, r in rows.items()}, "fronts": extras},
