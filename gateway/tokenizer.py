@@ -1,7 +1,8 @@
 """Tokenise exactly as a replica does, without transformers (which would pull in torch): the
-model folder's `tokenizer.json` (or the same files served by a kvgate replica) through the `tokenizers` library and its chat template through
-a sandboxed Jinja2 environment configured as transformers configures it. Start-up parity checks
-against each replica's `/tokenize` prove the two agree."""
+model's `tokenizer.json` (from its folder, or as a kvgate replica serves it) through the
+`tokenizers` library and its chat template through a sandboxed Jinja2 environment configured as
+transformers configures it. Start-up parity checks against each replica's `/tokenize` prove the
+two agree."""
 
 from __future__ import annotations
 
