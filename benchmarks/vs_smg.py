@@ -27,13 +27,14 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
 from benchmarks import results_file
-from benchmarks.serve_bench_cluster import Cluster, ClusterSpec, _free_base_port
+from benchmarks.serve_bench_cluster import Cluster, ClusterSpec, _free_base_port, bench_config
 from benchmarks.serve_bench_stats import delta, replica_counters
 from benchmarks.trace_load import replay
 from benchmarks.trace_load_report import SLO, ServerFigures, figures
@@ -55,6 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=2, help="kvgate replicas of the default model")
     p.add_argument("--num-kv-blocks", type=int, default=384, help="KV pool of each replica, in blocks")
     p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-queue-delay-s", type=float, default=None,
+                   help="the replicas' admission bound (kvgate engine --max-queue-delay-s); 0: they "
+                        "never refuse for load, so no front sees a 503 engine_overloaded (SMG passes "
+                        "it on to the client, kvgate's gateway holds the request)")
     p.add_argument("--compile", action="store_true",
                    help="replicas run their compiled plan (kvgate up's default; minutes to start on "
                         "a loaded 2-core box), instead of eager torch")
@@ -135,8 +140,11 @@ def one_turn(args, gateway: str, workloads: dict[str, list], say) -> dict[str, t
     """Fresh replicas, the gateway in front, each workload in turn: {workload: (figures, extra)}."""
     spec = ClusterSpec(replicas=args.replicas, gateways=0, num_kv_blocks=args.num_kv_blocks,
                        max_num_seqs=args.max_num_seqs, enforce_eager=not args.compile)
+    config = bench_config(spec, Path(tempfile.gettempdir()))  # Cluster gives it its own log dir
+    if args.max_queue_delay_s is not None:
+        config.engine["max_queue_delay_s"] = args.max_queue_delay_s
     out = {}
-    with Cluster(spec, say=say) as cluster:
+    with Cluster(config, say=say) as cluster:
         replicas = cluster.replica_urls
         log = cluster.log_dir / f"front-{gateway}.log"
         front, url = serve(gateway, replicas, log)
