@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import itertools
+import json
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -20,6 +21,7 @@ from protocol.errors import APIError, bad_request
 
 CACHE_TTL_S = 10.0
 CACHE_ENTRIES = 4096
+CACHE_TOKENS = 8 * 1024 * 1024  # at 4 bytes a token: the cache holds at most 32 MiB
 
 
 class RemoteTokenizer:
@@ -27,7 +29,8 @@ class RemoteTokenizer:
                  max_entries: int = CACHE_ENTRIES) -> None:
         self.client = client
         self.ttl_s, self.max_entries = ttl_s, max_entries
-        self._cache: OrderedDict[str, tuple[float, list[int]]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[float, array]] = OrderedDict()
+        self._cached_tokens = 0
         self._pending: dict[str, asyncio.Future] = {}
         self.in_flight: dict[str, int] = {}  # replica URL -> our /tokenize calls there now
         self.calls: dict[str, int] = {}  # replica URL -> /tokenize calls made (dashboard, tests)
@@ -90,7 +93,15 @@ class RemoteTokenizer:
         return list(response.json()["tokens"])
 
     def _remember(self, key: str, tokens: list[int]) -> None:
-        self._cache[key] = (time.monotonic(), tokens)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.max_entries:
-            self._cache.popitem(last=False)
+        try:
+            packed = array("I", tokens)
+        except (OverflowError, TypeError):  # not token ids: pass them on, keep nothing
+            return
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cached_tokens -= len(old[1])
+        self._cache[key] = (time.monotonic(), packed)
+        self._cached_tokens += len(tokens)
+        while self._cache and (len(self._cache) > self.max_entries
+                               or self._cached_tokens > CACHE_TOKENS):
+            self._cached_tokens -= len(self._cache.popitem(last=False)[1][1])
