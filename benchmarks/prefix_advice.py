@@ -74,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     from tests.gateway.procs import tokenizer_folder  # the tiny model's tokenizer files
 
-    tok = LocalTokenizer(tokenizer_folder())
+    tok = LocalTokenizer.from_folder(tokenizer_folder())
     namespace = namespace_for("tiny-random", None)
     results = {}
     print(f"{'stream':<10} {'tokens':>7} {'advice us':>10} {'hash us':>8} {'ratio':>6} {'advice':>7}")

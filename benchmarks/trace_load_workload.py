@@ -53,8 +53,9 @@ def read_rows(path: Path, rows: int) -> list[dict]:
 
 
 def trace_jobs(path: Path, rows: int, speedup: float, words: list[str], seed: int = 0,
-               max_output_tokens: int = 128) -> list[Job]:
-    """One single-request job per row, arriving at timestamp / speedup (seconds)."""
+               max_output_tokens: int = 128, max_input_tokens: int | None = None) -> list[Job]:
+    """One single-request job per row, arriving at timestamp / speedup (seconds); prompts cut
+    to `max_input_tokens` keep their shared leading blocks."""
     blocks: dict[int, list[str]] = {}
     jobs = []
     for row in read_rows(path, rows):
@@ -64,7 +65,7 @@ def trace_jobs(path: Path, rows: int, speedup: float, words: list[str], seed: in
                 rng = random.Random(f"{seed}:{h}")
                 blocks[h] = [rng.choice(words) for _ in range(BLOCK)]
             text += blocks[h]
-        prompt = " ".join(text[: int(row["input_length"])])
+        prompt = " ".join(text[: min(int(row["input_length"]), max_input_tokens or 1 << 30)])
         out = max(1, min(int(row["output_length"]), max_output_tokens))
         group = f"trace-{row['hash_ids'][0] if row['hash_ids'] else 0}"
         jobs.append(Job([[RequestSpec(prompt, out, group)]], row["timestamp"] / 1000.0 / speedup))

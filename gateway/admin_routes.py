@@ -63,6 +63,8 @@ def replica_view(state: GatewayState, replica: Replica) -> dict:
         "kv_tier": replica.load.get("kv_tier"),
         "index_synced": bool(index_state and index_state.synced), "kv_connected": replica.kv_connected,
         "tokenizer_parity": replica.parity,
+        "tokenizer": state.tokens.mode(replica.models[0]) if replica.models else None,
+        "tokenize_calls": state.tokens.remote.calls.get(replica.url, 0),
         "engine": replica.engine, "features": sorted(replica.features),
         "in_flight": 0 if load is None else load.in_flight,
         "pending_prefill_tokens": 0 if load is None else load.pending_prefill_tokens,

@@ -125,6 +125,14 @@ def routing_hint(req: ChatCompletionRequest | CompletionRequest | ResponsesReque
     return f"{namespace}\x00{hint}" if hint else None
 
 
+def _tokenizer_candidates(state: GatewayState, serving: list) -> list[tuple[str, int]]:
+    """The replicas that may tokenise a request remotely, with their requests in flight: the
+    routable ones (any of the model's, when none is)."""
+    ready = [r for r in serving if r.routable()] or serving
+    return [(r.url, state.router.load.view(r.name).in_flight if r.name in state.router.replicas
+             else 0) for r in ready]
+
+
 async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
                 headers: Mapping[str, str], started: float | None = None) -> RoutedRequest:
     """The request as routing sees it; raises APIError (400, 404, 429, 503) before any replica
@@ -148,12 +156,12 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
     if priority != (req.priority or 0):
         changes["priority"] = priority  # the key's default
     body = json.dumps({**data, **changes}, separators=(",", ":")).encode() if changes else raw
-    tokenizer_url = next((r.url for r in serving if r.routable()), serving[0].url)
+    tokenizers = _tokenizer_candidates(state, serving)
     if isinstance(chat, ChatCompletionRequest):
-        tokens = await state.tokens.chat(chat, tokenizer_url)
+        tokens = await state.tokens.chat(chat, tokenizers)
         max_out = chat.max_output_tokens or 0
     else:
-        tokens = await state.tokens.prompt(req.model, req.prompts()[0], tokenizer_url)
+        tokens = await state.tokens.prompt(req.model, req.prompts()[0], tokenizers)
         max_out = req.max_tokens or 0
     if len(tokens) > state.config.max_prompt_tokens:
         raise context_length_exceeded(
@@ -186,5 +194,5 @@ async def count_tokens(state: GatewayState, raw: bytes) -> CountTokensResponse:
     serving = state.serving(req.model)
     if not serving:
         raise model_not_found(req.model)
-    url = next((r.url for r in serving if r.routable()), serving[0].url)
-    return CountTokensResponse(input_tokens=len(await state.tokens.chat(to_chat(req), url)))
+    tokens = await state.tokens.chat(to_chat(req), _tokenizer_candidates(state, serving))
+    return CountTokensResponse(input_tokens=len(tokens))

@@ -64,11 +64,13 @@ def _keep_lease(state: GatewayState, decision: Decision) -> asyncio.Task | None:
     return asyncio.create_task(renew_forever())
 
 
-async def _release(state: GatewayState, decision: Decision, lease: asyncio.Task | None) -> None:
+async def _release(state: GatewayState, decision: Decision, lease: asyncio.Task | None,
+                   freed: bool = True) -> None:
     if lease is not None:
         lease.cancel()
     await state.shared.finish(decision.request_id)
-    state.overload.notify_freed()
+    if freed:
+        state.overload.notify_freed(decision.replica)
 
 
 def _record(routed: RoutedRequest, decision: Decision, attempt: int) -> DecisionRecord:

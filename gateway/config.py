@@ -42,6 +42,7 @@ class GatewayConfig:
     isolate_cache_by_key: bool = False  # default for keys that do not say
     redis_keys: bool = False  # also accept keys stored in Redis (hash kvgate:keys)
     tokenizers: dict[str, str] = field(default_factory=dict)  # model -> folder with tokenizer.json
+    replica_tokenizer: bool = True  # else: fetch no tokenizer from kvgate replicas (/tokenizer/bundle)
     block_size: int = 16  # tokens per hashed block; equal to the engines' block size
     # replica URL -> its engine ("kvgate", "vllm", "sglang", "other"): what a foreign replica
     # serves (structured outputs, tools, /v1/responses); unlisted replicas are asked (model cards)
@@ -56,6 +57,9 @@ class GatewayConfig:
     max_in_flight: int = 0  # per replica, across gateways when Redis is shared; 0 = unlimited
     max_queued_requests: int = 1024  # wait here when every replica refuses for load; 0: refuse
     max_queue_wait_s: float = 600.0  # the longest a request waits here before its 503
+    # a queued request waits this long at most for the replica holding its prefix, while that
+    # replica stays inside the policy's load window, before it takes any replica with room
+    overload_affinity_s: float = 2.0
     lease_s: float = 30.0  # a booking in Redis expires unless its gateway renews it (lease_s / 3)
     approx_capacity_blocks: int = 8192  # LRU size for replicas without KV events
     connect_timeout_s: float = 2.0  # TCP connect to a replica
@@ -167,6 +171,8 @@ def validate(config: GatewayConfig) -> GatewayConfig:
         raise ConfigError("lease_s must be positive")
     if config.failure_threshold < 1:
         raise ConfigError("failure_threshold must be at least 1")
+    if config.overload_affinity_s < 0:
+        raise ConfigError("overload_affinity_s must be >= 0 (0: no affinity in the overload queue)")
     if config.max_queued_requests < 0 or config.max_queue_wait_s <= 0:
         raise ConfigError("max_queued_requests must be >= 0 and max_queue_wait_s positive")
     if config.pd_bypass_tokens < 0 or config.pd_transfer_weight < 0:

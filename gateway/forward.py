@@ -48,8 +48,10 @@ def _exclusions(state: GatewayState, model: str, tried: set[str],
 
 @dataclass(slots=True)
 class Overloaded:
-    """Every replica that could take the request refused it for load."""
+    """Every replica that could take the request refused it for load (or, for a queued request
+    that may hold on to its prefix, the replica holding the prefix did: `preferred`)."""
     retry_after_s: float
+    preferred: str | None = None
 
 
 async def forward(state: GatewayState, routed: RoutedRequest,
@@ -74,10 +76,12 @@ async def _forward_queued(state: GatewayState, routed: RoutedRequest,
             while True:
                 if refusal is not None:
                     await queue.wait_retry(ticket, refusal.retry_after_s)
-                outcome = await _attempts(state, routed, tried)
+                outcome = await _attempts(state, routed, tried, hold=queue.may_hold(ticket))
                 if not isinstance(outcome, Overloaded):
                     return outcome
                 refusal = outcome
+                if outcome.preferred is not None:
+                    queue.hold(ticket, outcome.preferred)
     except (QueueFull, QueueTimeout) as exc:
         state.stats.record_request(None, ok=False)
         state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
@@ -87,9 +91,9 @@ async def _forward_queued(state: GatewayState, routed: RoutedRequest,
                                   retry, "gateway_overloaded") from None
 
 
-async def _attempts(state: GatewayState, routed: RoutedRequest,
-                    tried: set[str] | None = None) -> Response | Overloaded:
-    opened = await _open(state, routed, tried)
+async def _attempts(state: GatewayState, routed: RoutedRequest, tried: set[str] | None = None,
+                    hold: bool = False) -> Response | Overloaded:
+    opened = await _open(state, routed, tried, hold)
     if isinstance(opened, Overloaded):
         return opened
     if routed.stream and opened.upstream.status_code == 200:
@@ -108,10 +112,18 @@ def _body_for(routed: RoutedRequest, replica: Replica) -> bytes:
     return routed.body
 
 
-async def _open(state: GatewayState, routed: RoutedRequest,
-                tried: set[str] | None = None) -> Leg | Overloaded:
+def _prefers(decision: Decision) -> bool:
+    """Did the policy pick the replica holding the prompt's longest cached prefix?"""
+    return decision.cached_tokens > 0 and decision.cached_tokens >= max(
+        s.cached_tokens for s in decision.scores)
+
+
+async def _open(state: GatewayState, routed: RoutedRequest, tried: set[str] | None = None,
+                hold: bool = False) -> Leg | Overloaded:
     """One pass over the replicas, best first, until one answers. A replica that refuses for
-    load is skipped without counting as a failure; if all refuse, the request may wait."""
+    load is skipped without counting as a failure; if all refuse, the request may wait. With
+    `hold` (a queued request), a refusal by the policy's first pick, when that pick holds the
+    prefix, ends the pass: the request waits for that replica rather than taking another."""
     tried = set(tried or ())
     last: UpstreamFailure | None = None
     refusals: list[float] = []
@@ -147,13 +159,18 @@ async def _open(state: GatewayState, routed: RoutedRequest,
             upstream = await open_until_down(state.proxy, replica, routed.path,
                                               _body_for(routed, replica), routed.headers)
         except UpstreamFailure as failure:
-            await _release(state, decision, lease)
+            # a refusal for load frees no place there: nobody queued should be woken for it
+            await _release(state, decision, lease, freed=failure.reason != "overloaded")
             tried.add(replica.name)
             if failure.reason == "overloaded":  # healthy, only busy: no breaker, no backoff
                 replica.breaker.record_success()
+                # it took nothing: its prefix prediction would pull the next try there as well
+                state.router.index.unpredict(replica.name, routed.hashes)
                 record.status, record.error = 503, str(failure)
                 refusals.append(failure.retry_after_s or 1.0)
                 state.metrics.retries.labels("overloaded").inc()
+                if hold and attempt == 1 and _prefers(decision):
+                    return Overloaded(refusals[0], preferred=replica.name)
                 continue
             _note_failure(state, replica, record, failure.status or 502, str(failure))
             last = failure

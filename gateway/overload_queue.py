@@ -2,8 +2,13 @@
 first come first served, instead of failing: the head retries routing when a request finishes
 somewhere or its Retry-After passes, the others wait their turn, and a request that arrives
 while the queue is not empty joins its end rather than overtaking it. Bounded in length and in
-wait; past either bound the client gets the 503 itself. Routing late, when a replica has room,
-also gives the request to whichever replica frees first, with the freshest prefix index."""
+wait; past either bound the client gets the 503 itself.
+
+Affinity survives the queue: a released request whose prefix-preferred replica (the policy's
+pick, holding its longest cached prefix) refuses again holds on to that replica for up to
+`affinity_s` - it is woken when that replica frees and routed again by the policy, which still
+weighs load (its window) - and steps out of line meanwhile, so the requests behind it take the
+replicas that free elsewhere. Only past `affinity_s` does it take whichever replica has room."""
 
 from __future__ import annotations
 
@@ -28,26 +33,61 @@ class QueueTimeout(Exception):
 class Ticket:
     request_id: str
     entered: float = field(default_factory=time.monotonic)
-    turn: asyncio.Event = field(default_factory=asyncio.Event)  # set when it is the head
+    turn: asyncio.Event = field(default_factory=asyncio.Event)  # set when it may try again
+    preferred: str | None = None  # the replica it holds on to (its prefix is cached there)
+    affinity_until: float = 0.0
+
+    def holds_affinity(self, now: float | None = None) -> bool:
+        return self.preferred is not None and (now or time.monotonic()) < self.affinity_until
 
 
 class OverloadQueue:
-    def __init__(self, capacity: int, max_wait_s: float):
+    def __init__(self, capacity: int, max_wait_s: float, affinity_s: float = 0.0):
         self.capacity = capacity
         self.max_wait_s = max_wait_s
+        self.affinity_s = affinity_s
         self._tickets: deque[Ticket] = deque()
         self._freed = asyncio.Event()  # a request finished on some replica
         self.total_queued = 0
         self.total_timed_out = 0
         self.total_rejected_full = 0
+        self.total_affinity_held = 0  # released tickets that waited for their preferred replica
         self.waits: deque[float] = deque(maxlen=512)  # seconds, of requests that left it served
 
     def __len__(self) -> int:
         return len(self._tickets)
 
-    def notify_freed(self) -> None:
-        """Some replica finished a request: the head may find room now."""
+    def notify_freed(self, replica: str | None = None) -> None:
+        """A request finished on `replica`: the oldest request holding on to it tries it, or
+        else the head of the line may find room now."""
+        if replica is not None:
+            now = time.monotonic()
+            holder = next((t for t in self._tickets
+                           if t.preferred == replica and t.holds_affinity(now)), None)
+            if holder is not None:
+                holder.turn.set()
+                return
         self._freed.set()
+
+    def may_hold(self, ticket: Ticket) -> bool:
+        """May this ticket still wait for its prefix's replica rather than take any?"""
+        return self.affinity_s > 0 and (ticket.preferred is None or ticket.holds_affinity())
+
+    def hold(self, ticket: Ticket, replica: str) -> None:
+        """The ticket waits for `replica` (for `affinity_s` from its first hold) and leaves its
+        place at the head of the line to the next request."""
+        if ticket.preferred is None:
+            ticket.affinity_until = time.monotonic() + self.affinity_s
+            self.total_affinity_held += 1
+        ticket.preferred = replica
+        head = self._head()
+        if head is not None:
+            head.turn.set()
+
+    def _head(self) -> Ticket | None:
+        """The first ticket not holding on to a replica: the one that retries for any room."""
+        now = time.monotonic()
+        return next((t for t in self._tickets if not t.holds_affinity(now)), None)
 
     @asynccontextmanager
     async def holding(self, request_id: str):
@@ -58,7 +98,7 @@ class OverloadQueue:
         ticket = Ticket(request_id)
         self._tickets.append(ticket)
         self.total_queued += 1
-        if len(self._tickets) == 1:
+        if self._head() is ticket:
             ticket.turn.set()
         served = False
         try:
@@ -70,13 +110,14 @@ class OverloadQueue:
                 self.waits.append(time.monotonic() - ticket.entered)
 
     def _leave(self, ticket: Ticket) -> None:
-        was_head = bool(self._tickets) and self._tickets[0] is ticket
+        was_head = self._head() is ticket
         try:
             self._tickets.remove(ticket)
         except ValueError:
             return
-        if was_head and self._tickets:
-            self._tickets[0].turn.set()  # the next one retries at once: room may remain
+        head = self._head()
+        if was_head and head is not None:
+            head.turn.set()  # the next one retries at once: room may remain
 
     async def wait_turn(self, ticket: Ticket) -> None:
         """Until the ticket is at the head of the queue (raises QueueTimeout)."""
@@ -86,10 +127,19 @@ class OverloadQueue:
             raise self._timed_out() from None
 
     async def wait_retry(self, ticket: Ticket, retry_after_s: float) -> None:
-        """The head, refused again: wait for a freed request or its Retry-After."""
+        """Refused again: wait for its replica to free (while it holds on to one), else for any
+        freed request or its Retry-After."""
         left = self._left(ticket)
         if left <= 0:
             raise self._timed_out()
+        if ticket.holds_affinity():
+            try:  # a wake-up that came during the last try counts: its replica freed since
+                await asyncio.wait_for(ticket.turn.wait(),
+                                       min(ticket.affinity_until - time.monotonic(), left))
+            except asyncio.TimeoutError:
+                pass  # held long enough: from now on any replica with room will do
+            ticket.turn.clear()
+            return
         self._freed.clear()
         try:
             await asyncio.wait_for(self._freed.wait(),
@@ -110,5 +160,6 @@ class OverloadQueue:
                 "max_wait_s": self.max_wait_s, "total_queued": self.total_queued,
                 "total_timed_out": self.total_timed_out,
                 "total_rejected_full": self.total_rejected_full,
+                "total_affinity_held": self.total_affinity_held, "affinity_s": self.affinity_s,
                 "wait_p50_s": waits[len(waits) // 2] if waits else None,
                 "wait_max_s": waits[-1] if waits else None}

@@ -1,17 +1,24 @@
-"""The prompt's token ids, as the replica will see them: from the local tokenizer of the model
-when the gateway has its files, otherwise from a replica's `/tokenize` (one extra round trip).
-Also the start-up parity check of the local tokenizer against each replica."""
+"""The prompt's token ids, as the replica will see them, tokenised locally whenever the gateway
+can: with a `--tokenizer` folder where given, else with the tokenizer kvgate replicas serve
+(replica_tokenizers.py); only models whose replicas serve none are tokenised through a
+replica's `/tokenize` (remote_tokenize.py). Also the parity check of the local tokenizer
+against each replica, and the one-line mode of each model for the logs."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
+from gateway.remote_tokenize import RemoteTokenizer
+from gateway.replica_tokenizers import ReplicaTokenizers
 from gateway.tokenizer import ChatTemplateError, LocalTokenizer, TokenizerUnavailable
 from protocol.chat import ChatCompletionRequest
 from protocol.errors import APIError, bad_request
+
+Candidates = Sequence[tuple[str, int]]  # replicas that may tokenise: (URL, requests in flight)
 
 log = logging.getLogger(__name__)
 
@@ -27,26 +34,52 @@ PARITY_PROMPTS = ["The quick brown fox", "  leading spaces, ünïcode 🙂\nnew 
 
 
 class PromptTokens:
-    def __init__(self, folders: dict[str, str], client: httpx.AsyncClient) -> None:
+    def __init__(self, folders: dict[str, str], client: httpx.AsyncClient,
+                 fetch_from_replicas: bool = True) -> None:
         self.folders = folders
-        self.client = client
-        self._local: dict[str, LocalTokenizer | None] = {}
+        self.fetch_from_replicas = fetch_from_replicas
+        self.fetched = ReplicaTokenizers(client)
+        self.remote = RemoteTokenizer(client)
+        self._from_folder: dict[str, LocalTokenizer | None] = {}
 
-    def local(self, model: str) -> LocalTokenizer | None:
-        if model not in self._local:
+    def folder_tokenizer(self, model: str) -> LocalTokenizer | None:
+        """The tokenizer of `--tokenizer MODEL=FOLDER` (or `*=FOLDER`, or a model id that is a
+        folder), which wins over anything the replicas serve."""
+        if model not in self._from_folder:
             folder = self.folders.get(model) or self.folders.get("*")
             if folder is None and Path(model).is_dir():
                 folder = model
             tokenizer = None
             if folder is not None:
                 try:
-                    tokenizer = LocalTokenizer(folder)
+                    tokenizer = LocalTokenizer.from_folder(folder)
                 except (TokenizerUnavailable, OSError, ValueError) as exc:
                     log.warning("no local tokenizer for %s (%s): using replicas' /tokenize", model, exc)
-            self._local[model] = tokenizer
-        return self._local[model]
+            self._from_folder[model] = tokenizer
+        return self._from_folder[model]
 
-    async def chat(self, req: ChatCompletionRequest, replica_url: str | None) -> list[int]:
+    def local(self, model: str) -> LocalTokenizer | None:
+        return self.folder_tokenizer(model) or self.fetched.get(model)
+
+    def mode(self, model: str) -> str:
+        """How `model` is tokenised, in words for the logs and the dashboard."""
+        if (tokenizer := self.folder_tokenizer(model)) is not None:
+            return f"local (--tokenizer folder {tokenizer.source})"
+        if (digest := self.fetched.digest(model)) is not None:
+            return f"local (tokenizer from the replicas, {digest[:19]})"
+        return "remote (/tokenize on the least-loaded replica of the model)"
+
+    async def sync_from_replica(self, model: str, replica_url: str, block_size: int) -> str | None:
+        """Fetch or confirm the model's tokenizer from a replica (when no folder wins): None, or
+        the refusal ('mismatch: …') that makes the replica's parity."""
+        if not self.fetch_from_replicas or self.folder_tokenizer(model) is not None:
+            return None
+        verdict = await self.fetched.sync(model, replica_url, block_size)
+        if verdict.startswith("unavailable"):
+            log.warning("cannot fetch %s's tokenizer from %s: %s", model, replica_url, verdict)
+        return verdict if verdict.startswith("mismatch") else None
+
+    async def chat(self, req: ChatCompletionRequest, candidates: Candidates) -> list[int]:
         tokenizer = self.local(req.model)
         messages = req.template_messages()
         if tokenizer is not None:
@@ -63,26 +96,15 @@ class PromptTokens:
             body["chat_template_kwargs"] = req.chat_template_kwargs
         if req.tools:
             body["tools"] = req.template_tools()
-        return await self._remote(replica_url, body)
+        return await self.remote.tokens(candidates, body)
 
-    async def prompt(self, model: str, prompt: str | list[int], replica_url: str | None) -> list[int]:
+    async def prompt(self, model: str, prompt: str | list[int], candidates: Candidates) -> list[int]:
         if isinstance(prompt, list):
             return prompt
         tokenizer = self.local(model)
         if tokenizer is not None:
             return tokenizer.encode_prompt(prompt)
-        return await self._remote(replica_url, {"model": model, "prompt": prompt})
-
-    async def _remote(self, replica_url: str | None, body: dict) -> list[int]:
-        if replica_url is None:
-            raise APIError(503, "No replica can tokenize this request.", "server_error", None,
-                           "service_unavailable", {"Retry-After": "1"})
-        response = await self.client.post(f"{replica_url}/tokenize", json=body, timeout=10.0)
-        if response.status_code == 400:
-            error = response.json().get("error", {})
-            raise bad_request(error.get("message", "invalid request"), error.get("param"))
-        response.raise_for_status()
-        return list(response.json()["tokens"])
+        return await self.remote.tokens(candidates, {"model": model, "prompt": prompt})
 
     async def check_parity(self, model: str, replica_url: str) -> str:
         """'ok', 'mismatch: …', 'remote' (no local tokenizer) or 'unavailable'."""
@@ -91,11 +113,11 @@ class PromptTokens:
             return "remote"
         try:
             for messages in PARITY_CHATS:
-                theirs = await self._remote(replica_url, {"model": model, "messages": messages})
+                theirs = await self.remote.post(replica_url, {"model": model, "messages": messages})
                 if tokenizer.render_chat(messages) != theirs:
                     return f"mismatch: chat template output differs ({len(messages)} messages)"
             for prompt in PARITY_PROMPTS:
-                theirs = await self._remote(replica_url, {"model": model, "prompt": prompt})
+                theirs = await self.remote.post(replica_url, {"model": model, "prompt": prompt})
                 if tokenizer.encode_prompt(prompt) != theirs:
                     return f"mismatch: prompt {prompt[:20]!r} tokenises differently"
         except (httpx.HTTPError, APIError, KeyError, ValueError) as exc:

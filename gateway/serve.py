@@ -39,6 +39,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         if not sep or not url or not engine:
             raise ConfigError(f"--replica-engine wants URL=ENGINE, got {item!r}")
         config.replica_engines[url.rstrip("/")] = engine
+    if getattr(args, "no_replica_tokenizer", False):
+        config.replica_tokenizer = False
     config.log_level = args.log_level
     if not config.replicas:
         raise ConfigError("give at least one --replica URL (or `replicas:` in the config file)")

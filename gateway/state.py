@@ -70,7 +70,7 @@ class GatewayState:
                            if config.redis_url else None)
         self.pin_store = PinStore(self.pins_redis)
         self.limiter = RateLimiter(self.store)
-        self.tokens = PromptTokens(config.tokenizers, self.client)
+        self.tokens = PromptTokens(config.tokenizers, self.client, config.replica_tokenizer)
         self.metrics = GatewayMetrics()
         # The workers get what they use; none of them sees this object.
         self.pin_sync = PinSync(self.client, self.pin_store, self.replicas, self.metrics.pin_pushes)
@@ -78,13 +78,14 @@ class GatewayState:
                                             self.refresh_models, self.pin_sync)
         self.kv_sync = KvSync(self.client, self.router, self.pin_sync, self.use_approximate_index)
         self.stats = GatewayStats(config.decisions_kept)
-        self.overload = OverloadQueue(config.max_queued_requests, config.max_queue_wait_s)
+        self.overload = OverloadQueue(config.max_queued_requests, config.max_queue_wait_s,
+                                      config.overload_affinity_s)
         self.advice = (PrefixAdvisor(AdviceConfig(block_size=config.block_size))
                        if config.prefix_advice else None)
         self.priorities = PriorityStats(self.metrics.registry)
         self.pd = PDStats(self.metrics.registry)
         self._tasks: dict[str, list[asyncio.Task]] = {}
-        self._said_remote: set[str] = set()  # models already logged as tokenised remotely
+        self._modes: dict[str, str] = {}  # model -> how it is tokenised, as last logged
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -119,8 +120,7 @@ class GatewayState:
         replica = Replica(name, url, breaker, engine=self.config.replica_engines.get(url))
         self.replicas[name] = replica
         self.router.add_replica(name)
-        await self.health_checker.check_once(replica)
-        await self.check_parity(replica)
+        await self.health_checker.check_once(replica)  # reads its models: refresh_models
         feed = (follow_zmq(self.router, replica, spec, self.config.approx_capacity_blocks) if spec
                 else self.kv_sync.follow(replica))
         self._tasks[name] = [asyncio.create_task(self.health_checker.check_forever(replica)),
@@ -153,6 +153,7 @@ class GatewayState:
 
     # -- what replicas serve --------------------------------------------------------------
     async def refresh_models(self, replica: Replica) -> None:
+        """Read what the replica serves; the first time it says, check its tokenizer too."""
         try:
             response = await self.client.get(f"{replica.url}/v1/models", timeout=5.0)
             response.raise_for_status()
@@ -162,21 +163,41 @@ class GatewayState:
                 f for card in replica.model_cards[:1] for f in card.get("features") or [])
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             log.warning("cannot list models of %s: %s", replica.name, exc)
+        if replica.models and replica.parity == "unchecked":
+            await self.check_parity(replica)
 
     async def check_parity(self, replica: Replica) -> None:
+        """Load (or confirm) the model's tokenizer from the replica, then compare tokenisations."""
         if not replica.models:
             replica.parity = "unchecked"
             return
-        replica.parity = await self.tokens.check_parity(replica.models[0], replica.url)
-        if replica.parity == "remote" and replica.models[0] not in self._said_remote:
-            self._said_remote.add(replica.models[0])
-            log.warning("no local tokenizer for model %s: every request costs a /tokenize round "
-                        "trip to a replica, and prefix-stability advice is off (give "
-                        "--tokenizer %s=FOLDER, or `tokenizers:` in the config file)",
-                        replica.models[0], replica.models[0])
-        if replica.parity.startswith("mismatch"):
+        model = replica.models[0]
+        refused = await self.tokens.sync_from_replica(model, replica.url, self.config.block_size)
+        replica.parity = refused or await self.tokens.check_parity(model, replica.url)
+        if refused:
+            log.error("refused the tokenizer of replica %s for model %s: %s; this gateway keeps "
+                      "the one it loaded first, and its routing predictions for %s may be wrong",
+                      replica.name, model, refused, replica.name)
+        elif replica.parity.startswith("mismatch"):
             log.error("tokenizer parity with %s failed: %s; routing predictions for it will be "
                       "wrong", replica.name, replica.parity)
+        self._log_mode(model)
+
+    def _log_mode(self, model: str) -> None:
+        mode = self.tokens.mode(model)
+        if self._modes.get(model) == mode:
+            return
+        self._modes[model] = mode
+        if mode.startswith("remote"):
+            log.warning("model %s: tokenised %s - no replica serves its tokenizer, so each "
+                        "request costs a /tokenize round trip and prefix-stability advice is off "
+                        "(give --tokenizer %s=FOLDER, or `tokenizers:` in the config file)",
+                        model, mode, model)
+        else:
+            log.info("model %s: tokenised %s", model, mode)
+
+    def tokenizer_modes(self) -> dict[str, str]:
+        return dict(self._modes)
 
     def model_cards(self) -> list[dict]:
         """The union of the replicas' models, each once (the first replica's card)."""

@@ -1,7 +1,8 @@
 """Tokenise exactly as a replica does, without transformers (which would pull in torch): the
-model folder's `tokenizer.json` through the `tokenizers` library and its chat template through
-a sandboxed Jinja2 environment configured as transformers configures it. Start-up parity checks
-against each replica's `/tokenize` prove the two agree."""
+model's `tokenizer.json` (from its folder, or as a kvgate replica serves it) through the
+`tokenizers` library and its chat template through a sandboxed Jinja2 environment configured as
+transformers configures it. Start-up parity checks against each replica's `/tokenize` prove the
+two agree."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from protocol.tokenizer_bundle import SPECIAL_TOKENS, TokenizerBundle
 from protocol.tool_prompt import adapt_to_template
 
 
@@ -46,21 +48,13 @@ def _token_text(value: Any) -> str | None:
 
 
 class LocalTokenizer:
-    """One model's tokenizer and chat template, read from its folder."""
+    """One model's tokenizer and chat template: from its folder, or from a replica's bundle."""
 
-    def __init__(self, folder: str | Path) -> None:
-        folder = Path(folder)
-        if not (folder / "tokenizer.json").is_file():
-            raise TokenizerUnavailable(f"{folder} has no tokenizer.json")
-        self.folder = folder
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        config_path = folder / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        template = config.get("chat_template")
-        if (folder / "chat_template.jinja").is_file():
-            template = (folder / "chat_template.jinja").read_text()
-        self.special = {name: _token_text(config.get(name)) for name in
-                        ("bos_token", "eos_token", "unk_token", "pad_token")}
+    def __init__(self, tokenizer: Tokenizer, template: Any, special: dict[str, str | None],
+                 source: str) -> None:
+        self.tokenizer = tokenizer
+        self.special = special
+        self.source = source  # where it came from, for the logs: a folder or a bundle's hash
         self.template = None
         self.template_source = template if isinstance(template, str) else None
         if isinstance(template, str):
@@ -71,6 +65,31 @@ class LocalTokenizer:
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self.template = env.from_string(template)
         self._token_texts: dict[int, str] = {}
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "LocalTokenizer":
+        folder = Path(folder)
+        if not (folder / "tokenizer.json").is_file():
+            raise TokenizerUnavailable(f"{folder} has no tokenizer.json")
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        template = config.get("chat_template")
+        if (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        special = {name: _token_text(config.get(name)) for name in SPECIAL_TOKENS}
+        return cls(Tokenizer.from_file(str(folder / "tokenizer.json")), template, special,
+                   str(folder))
+
+    @classmethod
+    def from_bundle(cls, bundle: TokenizerBundle, digest: str) -> "LocalTokenizer":
+        """A replica's bundle (protocol/tokenizer_bundle.py); raises ValueError if unusable."""
+        try:
+            tokenizer = Tokenizer.from_str(bundle.tokenizer_json)
+            return cls(tokenizer, bundle.chat_template, dict(bundle.special_tokens), digest)
+        except TemplateError as exc:
+            raise ValueError(f"the bundle's chat template does not compile: {exc}") from None
+        except Exception as exc:  # tokenizers raises its own Exception type on bad JSON
+            raise ValueError(f"the bundle's tokenizer does not load: {exc}") from None
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """A completions prompt: special tokens added, as the engine's encode_prompt."""

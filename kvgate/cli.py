@@ -112,7 +112,11 @@ def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", action="append", default=[], metavar="KEY", help="a user key for /v1/* (repeat)")
     p.add_argument("--isolate-cache-by-key", action="store_true", help="give every key its own cache namespace")
     p.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=FOLDER",
-                   help="the folder with the model's tokenizer.json (MODEL may be *)")
+                   help="the folder with the model's tokenizer.json (MODEL may be *); without it the "
+                        "gateway loads the tokenizer kvgate replicas serve")
+    p.add_argument("--no-replica-tokenizer", action="store_true",
+                   help="fetch no tokenizer from kvgate replicas: models without --tokenizer are "
+                        "tokenised through the least-loaded replica's /tokenize")
     p.add_argument("--max-in-flight", type=int, default=None, help="per-replica request cap (0: none)")
     p.add_argument("--max-queued-requests", type=int, default=None,
                    help="requests that may wait at the gateway while every replica refuses for load "

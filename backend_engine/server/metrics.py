@@ -48,7 +48,7 @@ _SPEC_COUNTERS = (
 )
 
 _ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/detokenize", "/health",
-           "/metrics", "/kv/snapshot", "/kv/events", "/admin/pins"}
+           "/metrics", "/kv/snapshot", "/kv/events", "/admin/pins", "/tokenizer/bundle"}
 
 
 class _EngineCollector(Collector):

@@ -75,7 +75,7 @@ async def test_lease_is_renewed_while_the_request_runs_and_not_after():
     freed: list[bool] = []
     state = SimpleNamespace(store=SimpleNamespace(lease_ms=60, renew=renew),
                             shared=SimpleNamespace(finish=finish),
-                            overload=SimpleNamespace(notify_freed=lambda: freed.append(True)))
+                            overload=SimpleNamespace(notify_freed=lambda *_: freed.append(True)))
     decision = SimpleNamespace(replica="r1", request_id="q1")
     lease = _keep_lease(state, decision)
     await asyncio.sleep(0.15)

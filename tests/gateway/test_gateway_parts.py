@@ -111,7 +111,7 @@ def test_local_tokenizer_renders_exactly_as_the_engine():
     from backend_engine.chat import encode_prompt, render_chat
 
     folder = tokenizer_folder()
-    theirs, ours = AutoTokenizer.from_pretrained(folder), LocalTokenizer(folder)
+    theirs, ours = AutoTokenizer.from_pretrained(folder), LocalTokenizer.from_folder(folder)
     for messages, kwargs in CONVERSATIONS:
         assert ours.render_chat(messages, **kwargs) == render_chat(theirs, messages, **kwargs)
     for prompt in ("plain text", "  spaces and ünïcode\n"):
@@ -119,7 +119,7 @@ def test_local_tokenizer_renders_exactly_as_the_engine():
 
 
 async def test_parity_check_reports_a_mismatching_replica():
-    ours = LocalTokenizer(tokenizer_folder())
+    ours = LocalTokenizer.from_folder(tokenizer_folder())
 
     def replica(shift: int):
         def handle(request: httpx.Request) -> httpx.Response:

@@ -118,9 +118,39 @@ def test_a_session_hint_keeps_prompts_the_index_cannot_know_on_one_replica(clust
             assert decision(gw)[0]["reason"] == "session_hint"
 
 
-def test_without_a_local_tokenizer_the_replicas_tokenize(cluster):
+def tokenize_calls(replica) -> float:
+    """/tokenize requests the replica has answered, from its own metrics."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in
+               httpx.get(replica.url + "/metrics", timeout=10).text.splitlines()
+               if line.startswith("kvgate_http_requests_total{") and 'route="/tokenize"' in line)
+
+
+def test_without_a_tokenizer_flag_the_gateway_loads_the_replicas_tokenizer(cluster):
     replicas, _ = cluster
+    etags = {httpx.get(r.url + "/tokenizer/bundle", timeout=30).headers["etag"] for r in replicas}
+    assert len(etags) == 1  # the same tokenizer, the same content hash
+    again = httpx.get(replicas[0].url + "/tokenizer/bundle", headers={"If-None-Match": etags.pop()})
+    assert again.status_code == 304
     gw = procs.gateway([r.url for r in replicas], local_tokenizer=False).start()
+    try:
+        rows = procs.admin(gw, "/replicas").json()["data"]
+        assert {r["tokenizer_parity"] for r in rows} == {"ok"}
+        assert all(r["tokenizer"].startswith("local (tokenizer from the replicas") for r in rows)
+        before = [tokenize_calls(r) for r in replicas]
+        system = procs.long_system_prompt("fetched-tokenizer")
+        holder, _ = chat(gw, system, "one")
+        where, usage = chat(gw, system, "two")
+        assert where == holder
+        assert decision(gw)[0]["predicted_cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"] > 0
+        assert [tokenize_calls(r) for r in replicas] == before  # tokenised in the gateway
+        assert procs.admin(gw, "/prefix_advice").json()["models_without_tokenizer"] == []
+    finally:
+        gw.stop()
+
+
+def test_with_no_replica_tokenizer_the_least_loaded_replicas_tokenize(cluster):
+    replicas, _ = cluster
+    gw = procs.gateway([r.url for r in replicas], "--no-replica-tokenizer", local_tokenizer=False).start()
     try:
         system = procs.long_system_prompt("remote-tokenizer")
         holder, _ = chat(gw, system, "one")
@@ -128,7 +158,15 @@ def test_without_a_local_tokenizer_the_replicas_tokenize(cluster):
         assert where == holder
         last = decision(gw)[0]
         assert last["predicted_cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"] > 0
-        assert {r["tokenizer_parity"] for r in procs.admin(gw, "/replicas").json()["data"]} == {"remote"}
+        rows = procs.admin(gw, "/replicas").json()["data"]
+        assert {r["tokenizer_parity"] for r in rows} == {"remote"}
+        assert all(r["tokenizer"].startswith("remote") for r in rows)
+        before = [r["tokenize_calls"] for r in rows]  # parity checks and the two above
+        for i in range(10):
+            chat(gw, procs.long_system_prompt(f"spread{i}"), "x")
+        after = [r["tokenize_calls"] for r in procs.admin(gw, "/replicas").json()["data"]]
+        calls = [b - a for a, b in zip(before, after)]
+        assert sum(calls) == 10 and min(calls) >= 3, calls  # never all on the first replica
     finally:
         gw.stop()
 

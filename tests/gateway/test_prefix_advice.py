@@ -27,7 +27,7 @@ QUESTIONS = ["Where is my parcel?", "How do I reset my password?", "Can I change
 
 @pytest.fixture(scope="module")
 def tok() -> LocalTokenizer:
-    return LocalTokenizer(tokenizer_folder())
+    return LocalTokenizer.from_folder(tokenizer_folder())
 
 
 def chat(tok: LocalTokenizer, system: str, user: str = "Hi") -> list[int]:
