@@ -113,9 +113,10 @@ async def publish_forever(state: ServerState, config: KVEventsConfig) -> None:
     engine = state.engine
     pool: BlockPool = engine.engine.pool
     pool.keep_origins = True
-    config = engine.engine.config
-    medium = pool_medium(config.device)
-    tier = tier_medium(config.device, config.kv_offload_size_gb > 0) if pool.tier else None
+    engine_config = engine.engine.config
+    medium = pool_medium(engine_config.device)
+    tier = (tier_medium(engine_config.device, engine_config.kv_offload_size_gb > 0)
+            if pool.tier else None)
     publisher = await asyncio.to_thread(ZmqEventPublisher, config)
     last = pool.event_seq
     try:

@@ -11,6 +11,7 @@ import httpx
 
 from benchmarks.reliability.cluster import MODEL, ClusterSpec, LocalCluster
 from benchmarks.reliability.result import ScenarioResult
+from protocol.anthropic_errors import is_anthropic_path
 
 ALICE, BOB, CAROL = (f"sk-{name}-{secrets.token_hex(12)}" for name in ("alice", "bob", "carol"))
 BAD_AUTHORIZATIONS = ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Bearer"},
@@ -46,6 +47,14 @@ def _cached(r: httpx.Response) -> int:
     return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] if r.status_code == 200 else -1
 
 
+def _refused_key(r: httpx.Response, path: str) -> bool:
+    """A 401 body in the API's own shape: Anthropic's on its paths, else OpenAI's."""
+    error = r.json()["error"]
+    if is_anthropic_path(path):
+        return error["type"] == "authentication_error"
+    return error.get("code") == "invalid_api_key"
+
+
 def security(cluster: LocalCluster) -> ScenarioResult:
     result = ScenarioResult("keys, tenants, logs")
     url = cluster.gateways[0].spec.url
@@ -55,7 +64,7 @@ def security(cluster: LocalCluster) -> ScenarioResult:
             for headers in BAD_AUTHORIZATIONS:
                 result.sent += 1
                 r = client.request(method, url + path, headers=headers, json={}, timeout=30)
-                if r.status_code != 401 or r.json()["error"]["code"] != "invalid_api_key":
+                if r.status_code != 401 or not _refused_key(r, path):
                     wrong.append(f"{method} {path} {sorted(headers.values())}: {r.status_code}")
         for method, path in _operations(url, "/admin/api"):
             for headers, status in ((_bearer(ALICE), 403), (_bearer(CAROL), 403), ({}, 401)):

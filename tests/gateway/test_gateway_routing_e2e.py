@@ -4,6 +4,7 @@ replica that holds it, the engine reports the cached tokens, and the gateway pre
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
 from routing.policies.base import ReplicaState, home_of
@@ -105,16 +106,16 @@ def test_a_session_hint_keeps_prompts_the_index_cannot_know_on_one_replica(clust
                                  [ReplicaState(n) for n in names]).name, key)
         if len(homes) == len(names):
             break
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     for home, key in homes.items():
         for turn in range(3):
-            # A prompt shorter than one block: no index can say where it is cached.
-            body = {"model": procs.MODEL, "prompt": f"Hi {turn}", "max_tokens": 2, "user": key}
-            headers = {"x-session-id": key} if turn == 2 else {}
-            if turn == 2:
-                body["user"] = "someone-else"  # the session header wins over `user`
-            r = httpx.post(gw.url + "/v1/completions", json=body, headers=headers, timeout=60)
-            assert r.status_code == 200, r.text
-            assert r.headers["x-kvgate-replica"] == home
+            # A prompt shorter than one block: no index can say where it is cached. The
+            # session header wins over `user`.
+            user, headers = ("someone-else", {"x-session-id": key}) if turn == 2 else (key, {})
+            raw = client.completions.with_raw_response.create(
+                model=procs.MODEL, prompt=f"Hi {turn}", max_tokens=2, user=user,
+                extra_headers=headers)
+            assert raw.headers["x-kvgate-replica"] == home
             assert decision(gw)[0]["reason"] == "session_hint"
 
 

@@ -136,3 +136,22 @@ def test_a_template_without_think_tags_gets_no_parser_and_ignores_enable_thinkin
         extra_body={"chat_template_kwargs": {"enable_thinking": True}})
     assert out.choices[0].message.content
     assert json.loads(out.model_dump_json())["choices"][0]["message"]["reasoning_content"] is None
+
+
+def test_messages_api_gives_thinking_blocks_streamed_or_not(servers):
+    import anthropic
+
+    r1, _ = servers
+    thought = _create(r1).choices[0].message.model_extra["reasoning_content"]
+    claude = anthropic.Anthropic(base_url=r1.base_url, api_key="unused", max_retries=0,
+                                 timeout=60)
+    kwargs = dict(model=r1.engine.model_id, max_tokens=8, messages=MESSAGES,
+                  extra_body={"temperature": 0})
+    message = claude.messages.create(**kwargs)
+    assert [b.type for b in message.content] == ["thinking"]
+    assert message.content[0].thinking == thought and message.stop_reason == "max_tokens"
+    with claude.messages.stream(**kwargs) as stream:
+        deltas = "".join(e.delta.thinking for e in stream
+                         if e.type == "content_block_delta" and e.delta.type == "thinking_delta")
+        final = stream.get_final_message()
+    assert deltas == thought and final.content[0].thinking == thought
