@@ -54,6 +54,7 @@ class StreamRead:
         self.times: list[float] = []
         self.replica = ""
         self.started = threading.Event()  # text is flowing (or the stream ended)
+        self.ended = False
 
     def run(self) -> "StreamRead":
         try:
@@ -66,6 +67,7 @@ class StreamRead:
                         if len(self.times) >= 4:
                             self.started.set()
         finally:
+            self.ended = True
             self.started.set()
         return self
 
@@ -149,7 +151,11 @@ def streams_migrate(cluster: LocalCluster, fault: str, streams: int = STREAMS,
     hit: list[tuple[Child, float]] = []
 
     def inject(reads: list[StreamRead]) -> None:
-        time.sleep(rng.uniform(0.0, 0.3))  # a random point of the streams
+        # a random point of the streams, counted in events rather than seconds, so that a fast
+        # machine does not finish them first: the leading stream has read `goal` events
+        goal = rng.randint(4, MAX_TOKENS // 4)
+        while max(len(r.events) for r in reads) < goal and not all(r.ended for r in reads):
+            time.sleep(0.002)
         victim = _busiest(cluster, reads)
         hit.append((victim, time.monotonic()))
         {"kill": cluster.kill, "hang": cluster.pause,

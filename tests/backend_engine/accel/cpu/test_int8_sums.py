@@ -42,6 +42,7 @@ def test_an_int4_weight_requantised_to_int8_stays_within_half_a_step(out_feature
 
 @pytest.mark.parametrize("out_features,perm", [(200, False), (96, True)])
 def test_the_integer_forms_match_the_dequantised_weights(out_features, perm):
+    torch.manual_seed(out_features)
     w = torch.randn(out_features, 128)
     x = torch.randn(70, 128)
     w4 = quantize_int4(w, 32, "w")
@@ -54,7 +55,8 @@ def test_the_integer_forms_match_the_dequantised_weights(out_features, perm):
             y = form(x.to(dtype), q)
             assert y.shape == (70, out_features) and y.dtype == dtype
             ref = x.to(dtype).float() @ q.dequantize().t()
-            limit = bound if dtype == torch.float32 else 1e-2
+            # bf16 activations: their rounding too (int4's requantisation bound still holds)
+            limit = bound if dtype == torch.float32 else max(bound, 1e-2)
             assert (y.float() - ref).abs().max() < limit * ref.abs().max(), (q.kind, dtype)
 
 
