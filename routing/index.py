@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from routing.hashing import DEFAULT_BLOCK_SIZE
 from routing.predicted import MAX_SLOTS, PredictedBlocks
-from routing.tier_index import TierIndex, clear_bit
+from routing.tier_index import TierIndex, clear_bit, set_bits
 
 # Rough CPython cost of one resident entry: a slot in the shared dict (hash -> int mask) plus a
 # slot in the replica's OrderedDict; used to turn a byte budget into an entry budget.
@@ -196,16 +196,7 @@ class PrefixIndex:
         return False
 
     def _store(self, state: ReplicaIndexState, hashes: Sequence[int]) -> None:
-        bit = 1 << state.slot
-        resident = self._resident
-        blocks = state.blocks
-        for h in hashes:
-            if h in blocks:
-                blocks.move_to_end(h)
-                continue
-            blocks[h] = None
-            resident[h] = resident.get(h, 0) | bit
-            self._num_resident += 1
+        self._num_resident += set_bits(state.blocks, self._resident, hashes, 1 << state.slot)
         if state.capacity_blocks is not None:
             self._trim(state, state.capacity_blocks)
         if self._num_resident > self.max_entries:

@@ -21,6 +21,22 @@ def clear_bit(masks: dict[int, int], h: int, bit: int) -> None:
         masks.pop(h, None)
 
 
+def set_bits(blocks: OrderedDict[int, None], masks: dict[int, int], hashes: Sequence[int],
+             bit: int) -> int:
+    """Record `hashes` as held by one replica slot: its LRU (`blocks`, oldest first; a hash
+    already there becomes the most recent) and each hash's mask of slots. Returns how many
+    hashes were new to the slot."""
+    added = 0
+    for h in hashes:
+        if h in blocks:
+            blocks.move_to_end(h)
+            continue
+        blocks[h] = None
+        masks[h] = masks.get(h, 0) | bit
+        added += 1
+    return added
+
+
 class TierIndex:
     def __init__(self, max_entries: int = 4_000_000) -> None:
         self.max_entries = max_entries
@@ -37,16 +53,8 @@ class TierIndex:
         return len(self._blocks.get(slot, ()))
 
     def store(self, slot: int, hashes: Sequence[int]) -> None:
-        bit = 1 << slot
         blocks = self._blocks.setdefault(slot, OrderedDict())
-        masks = self._masks
-        for h in hashes:
-            if h in blocks:
-                blocks.move_to_end(h)
-                continue
-            blocks[h] = None
-            masks[h] = masks.get(h, 0) | bit
-            self._num += 1
+        self._num += set_bits(blocks, self._masks, hashes, 1 << slot)
         while self._num > self.max_entries:  # from the largest replica, oldest first
             largest = max(self._blocks, key=lambda s: len(self._blocks[s]))
             self.remove(largest, [next(iter(self._blocks[largest]))])
