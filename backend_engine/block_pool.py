@@ -72,6 +72,7 @@ class BlockPool:
         self._origins: dict[int, BlockOrigin] = {}
         self.tier = None  # a KVTier (backend_engine/kv_tier/) that keeps evicted blocks
         self._evicted: list[tuple] = []  # (hash, block id, origin) for the tier to copy
+        self.children = None  # a BlockChildren (partial_block.py) while partial reuse is on
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -141,6 +142,8 @@ class BlockPool:
         block.hits = 0
         self.cached[block_hash] = block.block_id
         self._stored.append(block_hash)
+        if origin is not None and origin.parent is not None and self.children is not None:
+            self.children.add(origin.parent, block_hash, origin.token_ids)
         if origin is not None and self.keep_origins:
             self._origins[block_hash] = origin
 
@@ -149,6 +152,8 @@ class BlockPool:
             if self.cached.get(block.block_hash) == block.block_id:
                 del self.cached[block.block_hash]
                 self._removed.append(block.block_hash)
+                if self.children is not None:
+                    self.children.remove(block.block_hash)
                 if self.tier is not None:
                     origin = self._origins.pop(block.block_hash, None) if self._origins else None
                     self._evicted.append((block.block_hash, block.block_id, origin))
@@ -193,6 +198,8 @@ class BlockPool:
             block.hits = 0
         self.free = FreeBlockQueue(self.blocks, self.free.policy, self.free.protected_cap)
         self.cached.clear()
+        if self.children is not None:
+            self.children.clear()
         self._origins.clear()
         self._stored.clear()
         self._removed.clear()

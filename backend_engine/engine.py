@@ -91,6 +91,7 @@ class LLMEngine:
         if config.kv_offload_enabled:
             self.pool.tier = self._kv_tier(config)
         self.kv = KVCacheManager(self.pool, config.block_size)
+        self.kv.enable_partial_reuse(self.runner.copy_blocks)  # on while prefix caching is
         self.pins = PinTable(self.pool, config.block_size)
         self.budget = self._step_budget(config)
         self.drain = QueueDrain()
@@ -305,6 +306,7 @@ class LLMEngine:
         started = time.perf_counter()
         failed = self._admit_compiled()
         self._propose_drafts()
+        hits = self.kv.prefix_cache_hits
         sched = self.scheduler.schedule()
         self.stats.preemptions = self.scheduler.num_preemptions
         if not sched:
@@ -312,13 +314,17 @@ class LLMEngine:
             self.structured.wait_for_pending(0.01)  # nothing to run until a grammar is ready
             return failed
         shape = self._shape(sched.scheduled)
+        # queued prompt work this step retires: tokens it computes, and those found cached
+        retired = sum(n for seq, n in sched.scheduled if seq.num_computed_tokens
+                      < max(seq.num_prompt_tokens, seq.num_tokens - 1)) \
+            + self.kv.prefix_cache_hits - hits
         rows = {seq: self._sampling_rows(seq) for seq, _ in sched.scheduled}
         self.structured.start_step(sched.scheduled, rows)
         try:
             results = self.runner.execute(sched.scheduled, rows)
         finally:
             self.structured.finish_step()
-        self._observe_step(shape, time.perf_counter() - started)
+        self._observe_step(shape, retired, time.perf_counter() - started)
         now = time.monotonic()
         touched: dict[str, RequestState] = {}
         for seq, n in sched.scheduled:
@@ -372,11 +378,11 @@ class LLMEngine:
                 context += n * seq.num_tokens
         return StepShape(prefill, rows, context, pairs)
 
-    def _observe_step(self, shape: StepShape, seconds: float) -> None:
+    def _observe_step(self, shape: StepShape, retired: int, seconds: float) -> None:
         self.stats.observe("step", seconds)
         if self.budget is not None:
             self.budget.model.observe(shape, seconds)
-        self.drain.observe(shape.prefill_tokens, seconds, bool(self.scheduler.waiting))
+        self.drain.observe(retired, seconds, bool(self.scheduler.waiting))
 
     def drain_rate(self) -> float:
         """Prefill tokens per second the queue is retired at: measured while requests wait,

@@ -1,10 +1,14 @@
-"""Per-sequence KV block management over the block pool: prefix-cache lookup, slot allocation,
-caching of full verified blocks, forking for n > 1, and freeing."""
+"""Per-sequence KV block management over the block pool: prefix-cache lookup (whole blocks,
+then part of the next one: partial_block.py), slot allocation, caching of full verified blocks,
+forking for n > 1, and freeing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from backend_engine.block_pool import BlockOrigin, BlockPool
 from backend_engine.kv_block import KVBlock
+from backend_engine.partial_block import BlockChildren, PartialHit
 from backend_engine.sequence import Sequence
 from routing.hashing import block_hashes
 
@@ -19,6 +23,14 @@ class KVCacheManager:
         self.block_size = block_size
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found cached
+        self.copy_blocks: Callable[[list[tuple[int, int]]], None] | None = None
+
+    def enable_partial_reuse(self, copy_blocks: Callable[[list[tuple[int, int]]], None]) -> None:
+        """Reuse cached tokens below block granularity; copy_blocks([(src, dst)]) copies whole
+        blocks of K/V in the paged cache (the model runner's)."""
+        if self.enable_caching:
+            self.copy_blocks = copy_blocks
+            self.pool.children = BlockChildren()
 
     @property
     def enable_caching(self) -> bool:
@@ -51,6 +63,23 @@ class KVCacheManager:
             blocks += self._restore(seq.block_hashes[len(blocks):num_full], blocks,
                                     first_lookup=seq.num_cached_tokens < 0)
         return blocks, len(blocks) * self.block_size
+
+    def partial_hit(self, seq: Sequence, blocks: list[KVBlock]) -> PartialHit | None:
+        """Past the whole cached blocks found for a fresh sequence: the cached block continuing
+        the same prefix whose leading tokens the sequence shares the longest (never its last
+        token, which must yield logits)."""
+        if self.copy_blocks is None or not blocks or seq.block_table or seq.num_computed_tokens:
+            return None
+        start = len(blocks) * self.block_size
+        limit = min(self.block_size - 1, seq.num_tokens - 1 - start)
+        if limit <= 0:
+            return None
+        found = self.pool.children.longest(seq.block_hashes[len(blocks) - 1],
+                                           seq.token_ids[start:start + limit])
+        if found is None:
+            return None
+        block = self.pool.lookup(found[0])
+        return None if block is None else PartialHit(block, found[1])
 
     def _restore(self, hashes: list[int], held: list[KVBlock], first_lookup: bool) -> list[KVBlock]:
         """Copy the tier's blocks that continue a prefix into free pool blocks, cached (and
@@ -91,37 +120,54 @@ class KVCacheManager:
         return blocks, num_full * self.block_size
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int,
-                     computed_blocks: list[KVBlock] = ()) -> bool:
-        return self.num_blocks_needed(seq, num_new_tokens, computed_blocks) <= \
+                     computed_blocks: list[KVBlock] = (), partial: PartialHit | None = None
+                     ) -> bool:
+        return self.num_blocks_needed(seq, num_new_tokens, computed_blocks, partial) <= \
             self.pool.num_free_blocks
 
     def num_blocks_needed(self, seq: Sequence, num_new_tokens: int,
-                          computed_blocks: list[KVBlock] = ()) -> int:
-        """Free blocks allocate_slots would take (new ones and revived cached ones)."""
-        return self._num_blocks_needed(seq, num_new_tokens, computed_blocks)
-
-    def _num_blocks_needed(self, seq, num_new_tokens, computed_blocks) -> int:
+                          computed_blocks: list[KVBlock] = (), partial: PartialHit | None = None
+                          ) -> int:
+        """Free blocks allocate_slots would take (new ones and revived cached ones; a partial
+        hit's source leaves the free queue while it is copied)."""
         have = len(seq.block_table) + len(computed_blocks)
         total_tokens = seq.num_computed_tokens + len(computed_blocks) * self.block_size \
-            + num_new_tokens
+            + num_new_tokens + (partial.num_tokens if partial else 0)
         new = max(0, cdiv(total_tokens, self.block_size) - have)
         revived = sum(1 for b in computed_blocks if b.ref_cnt == 0)  # leave the free queue
+        if partial is not None and partial.block.ref_cnt == 0:
+            revived += 1
         return new + revived
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int,
-                       computed_blocks: list[KVBlock] = ()) -> bool:
-        """Reserve blocks for num_new_tokens more tokens; False (and no change) if short."""
-        if not self.can_allocate(seq, num_new_tokens, computed_blocks):
+                       computed_blocks: list[KVBlock] = (), partial: PartialHit | None = None
+                       ) -> bool:
+        """Reserve blocks for num_new_tokens more tokens (after the cached ones found, whole
+        and partial); False (and no change) if short."""
+        if not self.can_allocate(seq, num_new_tokens, computed_blocks, partial):
             return False
         if computed_blocks:
             self.pool.touch(list(computed_blocks))
             self._append(seq, computed_blocks)
             seq.num_computed_tokens += len(computed_blocks) * self.block_size
+        if partial is None:
+            self._allocate(seq, num_new_tokens)
+            return True
+        self.pool.hold([partial.block])  # allocating must not evict the copy's source
+        try:
+            first_new = len(seq.block_table)
+            self._allocate(seq, partial.num_tokens + num_new_tokens)
+            self.copy_blocks([(partial.block.block_id, seq.block_ids[first_new])])
+            seq.num_computed_tokens += partial.num_tokens
+        finally:
+            self.pool.release([partial.block])
+        return True
+
+    def _allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         need = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) \
             - len(seq.block_table)
         if need > 0:
             self._append(seq, self.pool.allocate(need))
-        return True
 
     @staticmethod
     def _append(seq: Sequence, blocks) -> None:
@@ -140,7 +186,7 @@ class KVCacheManager:
             if block.block_hash is None:
                 origin = BlockOrigin(hashes[i - 1] if i else None,
                                      tuple(seq.token_ids[i * bs:(i + 1) * bs]),
-                                     seq.namespace) if keep else None
+                                     seq.namespace) if keep or self.copy_blocks else None
                 self.pool.cache_block(block, hashes[i], origin)
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 

@@ -123,6 +123,14 @@ class ModelRunner:
                                torch.zeros(shape, dtype=self.dtype, device=self.device))
                               for _ in range(self.model.num_layers))
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole blocks of every layer's K and V: (source block id, destination id)."""
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.long, device=self.device)
+        for key, value in self.kv_caches:
+            key.index_copy_(0, dst, key.index_select(0, src))
+            value.index_copy_(0, dst, value.index_select(0, src))
+
     # -- batch preparation -----------------------------------------------------------------
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
         """Cache slots of positions [start, end): the new tokens of this step only."""

@@ -128,10 +128,13 @@ class Scheduler:
             if parent_running and parent.is_prefilling:
                 held_back.append(self.waiting.popleft())  # fork once the prompt is computed
                 continue
+            partial = None
             if parent_running and seq.num_computed_tokens == 0:
                 blocks, hit = self.kv.fork_blocks(parent, seq)
             else:
                 blocks, hit = self.kv.get_computed_blocks(seq)
+                partial = self.kv.partial_hit(seq, blocks)
+                hit += partial.num_tokens if partial else 0
             if self.step_budget is not None and not self.step_budget.admits(seats, seq.num_tokens):
                 break  # one more running sequence would push every decode past the ITL target
             want = self._cap(seq.num_tokens - seq.num_computed_tokens - hit,
@@ -141,12 +144,12 @@ class Scheduler:
             if want > budget:
                 budget += self._yieldable(out, rank)
             n = min(want, budget)
-            if n <= 0 or not self._room_after_preempting(seq, rank, n, blocks):
+            if n <= 0 or not self._room_after_preempting(seq, rank, n, blocks, partial):
                 break  # nothing is taken from anyone for a request that still could not start
             self._yield_budget(out, rank, n)
             while len(self.running) >= self.max_num_seqs and self._preempt_below(out, rank):
                 pass
-            while not self.kv.allocate_slots(seq, n, blocks):
+            while not self.kv.allocate_slots(seq, n, blocks, partial):
                 if not self._preempt_below(out, rank):
                     break
             else:
@@ -169,9 +172,9 @@ class Scheduler:
     def _yieldable(self, out: SchedulerOutput, rank: int) -> int:
         return sum(n for seq, n in out.scheduled if self.rank(seq) > rank)
 
-    def _room_after_preempting(self, seq: Sequence, rank: int, n: int, blocks) -> bool:
+    def _room_after_preempting(self, seq: Sequence, rank: int, n: int, blocks, partial) -> bool:
         """Whether seats and blocks suffice once every strictly less urgent sequence yields."""
-        need = self.kv.num_blocks_needed(seq, n, blocks)
+        need = self.kv.num_blocks_needed(seq, n, blocks, partial)
         free = self.kv.pool.num_free_blocks
         if len(self.running) < self.max_num_seqs and need <= free:
             return True  # the common case: nobody has to yield anything

@@ -8,7 +8,9 @@ the same window; what has not finished by the window's end is cut off.
 
 Per server: requests finished in the window, goodput (finished with TTFT <= 10 s and mean ITL
 <= 250 ms), output and prompt tokens/s, TTFT and ITL p50/p99, cached-token ratio; a table, a plot
-(TTFT CDF, tokens/s over time) and, last, one JSON line of kvgate / llama.cpp ratios."""
+(TTFT CDF, tokens/s over time) and, last, one JSON line of kvgate / llama.cpp ratios, with the
+cached ratio an unbounded cache could reach on these prompts by whole blocks and by token
+(benchmarks/cache_ceiling.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks import results_file
+from benchmarks.cache_ceiling import cache_ceilings
 from benchmarks.serve_bench_client import LoadClient, LoadSpec, discover_model
 from benchmarks.serve_bench_workloads import Job
 from benchmarks.trace_load_report import SLO, ServerFigures, figures, plot, table
@@ -157,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
             f"({time.monotonic() - started:.0f} s)")
         time.sleep(3)  # let the last server's processes leave the cores
     result = headline(rows.get("kvgate"), rows.get("llamacpp"), len(jobs))
+    # the cached ratios above against what an unbounded cache could serve of these prompts
+    ceilings = cache_ceilings([tokenizer(tokenizer.apply_chat_template(
+        [{"role": "user", "content": job.stages[0][0].prompt}], add_generation_prompt=True,
+        tokenize=False), add_special_tokens=False)["input_ids"] for job in jobs])
+    result.update(cached_ceiling_whole_blocks=ceilings["whole_blocks"],
+                  cached_ceiling_by_token=ceilings["by_token"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = results_file.command("trace_load", argv)

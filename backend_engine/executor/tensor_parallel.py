@@ -28,8 +28,8 @@ from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import init_group
 from backend_engine.distributed.sharding import check_tensor_parallel_size
 from backend_engine.errors import EngineError, ModelLoadError
-from backend_engine.executor.worker import (PING, START_TIMEOUT_S, STOP, rank_config, rank_device,
-                                            run_worker)
+from backend_engine.executor.worker import (PING, START_TIMEOUT_S, STOP, BlockCopies,
+                                            rank_config, rank_device, run_worker)
 from backend_engine.model_runner import ModelRunner, SeqResult, StepInputs
 from backend_engine.sampler import SamplingRow
 from backend_engine.sequence import Sequence
@@ -144,8 +144,13 @@ class TensorParallelExecutor:
         with self._step(batch):
             return self.runner.execute(scheduled, rows, batch)
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Every rank copies its shard of the blocks, in order with the steps."""
+        with self._step(BlockCopies(pairs)):
+            self.runner.copy_blocks(pairs)
+
     @contextlib.contextmanager
-    def _step(self, batch: StepBatch) -> Iterator[None]:
+    def _step(self, batch: StepBatch | BlockCopies) -> Iterator[None]:
         """Send the batch; the body runs rank 0's shard, whose collectives the workers join."""
         self.check_health()
         with self._lock:

@@ -24,7 +24,15 @@ from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import TensorParallelGroup, init_group
 from backend_engine.model_runner import ModelRunner
 
-STOP, PING = "stop", "ping"  # control messages on the step broadcast; anything else is a StepBatch
+STOP, PING = "stop", "ping"  # control messages on the step broadcast
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockCopies:
+    """Copy these whole KV blocks (source id, destination id) on every rank, before the next
+    step (a partial prefix-cache hit: partial_block.py)."""
+
+    pairs: list[tuple[int, int]]
 START_TIMEOUT_S = 900.0  # loading a large shard; the supervisor's health timeout applies too
 
 log = logging.getLogger("kvgate.engine.tp")
@@ -103,5 +111,7 @@ def serve_steps(group: TensorParallelGroup, runner: ModelRunner) -> None:
             os._exit(1)
         if message == STOP:
             return
-        if message != PING:
+        if isinstance(message, BlockCopies):
+            runner.copy_blocks(message.pairs)
+        elif message != PING:
             runner.forward_batch(message)

@@ -1,6 +1,7 @@
 """Two CPU processes (gloo) give the tokens and logits of one: for each tiny model, with
-chunked prefill, preemption, prefix caching and a draft model on rank 0; the default model
-(9 heads, 3 KV heads) on three ranks. Each rank runs one torch thread."""
+chunked prefill, preemption, prefix caching (whole and partial blocks) and a draft model on
+rank 0; the default model (9 heads, 3 KV heads) on three ranks. Each rank runs one torch
+thread."""
 
 from __future__ import annotations
 
@@ -121,6 +122,13 @@ def test_two_ranks_generate_the_greedy_tokens_and_logprobs_of_one(model, tensor_
         assert [o.token_ids for o in generate(llm, PROMPTS[:2])] == \
             [o.token_ids for o in expected[:2]]
         assert stats.prefix_cache_hits > hits  # block tables are shared: caching is unchanged
+    if model == "tiny-random-mistral":  # a partial block hit: every rank copies its shard
+        prompt = SHARED[:38] + [7, 8, 9]
+        single = LLM(model, enforce_eager=True, num_threads=1, num_kv_blocks=64)
+        out = llm.generate([prompt], PARAMS)[0]
+        assert out.num_cached_tokens == 38
+        assert out.outputs[0].token_ids == single.generate([prompt], PARAMS)[0].outputs[0].token_ids
+        assert_no_leaks(llm.engine)
 
 
 def test_default_model_on_three_ranks_generates_the_tokens_of_one(default_llm, tensor_parallel):
