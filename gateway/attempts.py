@@ -111,7 +111,10 @@ def _observe_usage(state: GatewayState, replica: Replica, record: DecisionRecord
     m.predicted_cached.labels(replica.name).inc(predicted)
     m.engine_cached.labels(replica.name).inc(usage.cached_tokens)
     m.prompt_tokens.labels(replica.name).inc(usage.prompt_tokens)
-    m.prediction_error.observe(predicted - usage.cached_tokens)
+    # routing is judged on whole blocks: the engine may serve up to a block more from the
+    # cached block continuing the prefix (partial_block.py), which no index can predict
+    block = state.config.block_size
+    m.prediction_error.observe(predicted - usage.cached_tokens // block * block)
 
 
 def _finish_request(state: GatewayState, routed: RoutedRequest, replica: Replica,

@@ -19,6 +19,13 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "admin-test-key"
 MODEL = "tiny-random"
+BLOCK = 16  # the replicas' and gateways' block size (their default)
+
+
+def whole_blocks(cached_tokens: int) -> int:
+    """The part of an engine's cached tokens a gateway can predict: whole blocks (a kvgate
+    engine may serve part of the next one too: backend_engine/partial_block.py)."""
+    return cached_tokens // BLOCK * BLOCK
 
 
 def free_port() -> int:

@@ -9,6 +9,7 @@ import pytest
 
 from routing.policies.base import ReplicaState, home_of
 from tests.gateway import procs
+from tests.gateway.procs import BLOCK, whole_blocks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -49,7 +50,8 @@ def test_shared_prefix_lands_on_its_holder_with_predicted_hits(cluster):
         assert cached >= 192
         last = decision(gw)[0]
         assert last["replica"] == first and last["reason"] == "cache_hit"
-        assert last["predicted_cached_tokens"] == cached == last["engine_cached_tokens"]
+        assert cached == last["engine_cached_tokens"]
+        assert last["predicted_cached_tokens"] == whole_blocks(cached)  # the rest: a partial block
 
 
 def test_each_prefix_follows_its_own_holder(cluster):
@@ -73,7 +75,9 @@ def test_index_is_exact_and_fed_by_engine_events(cluster):
     assert procs.wait_until(lambda: procs.admin(gw, "/replicas").json()["data"] and
                             {r["name"]: r for r in procs.admin(gw, "/replicas").json()["data"]}[holder]["index_blocks"] >= 12)
     totals = procs.admin(gw, "/replicas").json()["data"]
-    assert sum(r["predicted_cached_tokens"] for r in totals) == sum(r["cached_tokens"] for r in totals)
+    predicted, cached = (sum(r[k] for r in totals) for k in ("predicted_cached_tokens", "cached_tokens"))
+    requests = sum(r["requests"] for r in totals)
+    assert predicted <= cached < predicted + BLOCK * requests  # whole blocks, then part of one
 
 
 def test_draining_replica_gets_nothing_new_and_policy_switches(cluster):
@@ -142,7 +146,8 @@ def test_without_a_tokenizer_flag_the_gateway_loads_the_replicas_tokenizer(clust
         holder, _ = chat(gw, system, "one")
         where, usage = chat(gw, system, "two")
         assert where == holder
-        assert decision(gw)[0]["predicted_cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"] > 0
+        assert decision(gw)[0]["predicted_cached_tokens"] == \
+            whole_blocks(usage["prompt_tokens_details"]["cached_tokens"]) > 0
         assert [tokenize_calls(r) for r in replicas] == before  # tokenised in the gateway
         assert procs.admin(gw, "/prefix_advice").json()["models_without_tokenizer"] == []
     finally:
@@ -158,7 +163,8 @@ def test_with_no_replica_tokenizer_the_least_loaded_replicas_tokenize(cluster):
         where, usage = chat(gw, system, "two")
         assert where == holder
         last = decision(gw)[0]
-        assert last["predicted_cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"] > 0
+        assert last["predicted_cached_tokens"] == \
+            whole_blocks(usage["prompt_tokens_details"]["cached_tokens"]) > 0
         rows = procs.admin(gw, "/replicas").json()["data"]
         assert {r["tokenizer_parity"] for r in rows} == {"remote"}
         assert all(r["tokenizer"].startswith("remote") for r in rows)
