@@ -128,6 +128,9 @@ class Scheduler:
             if parent_running and parent.is_prefilling:
                 held_back.append(self.waiting.popleft())  # fork once the prompt is computed
                 continue
+            if not parent_running and self.kv.waiting_for_kv(seq):
+                held_back.append(self.waiting.popleft())  # its prefix is being read from disk
+                continue
             if parent_running and seq.num_computed_tokens == 0:
                 blocks, hit = self.kv.fork_blocks(parent, seq)
             else:
