@@ -305,6 +305,8 @@ class LLMEngine:
         if not sched:
             self.pool.flush_events()
             self.structured.wait_for_pending(0.01)  # nothing to run until a grammar is ready
+            if self.pool.tier is not None:  # ... or a prefix is read from disk
+                self.pool.tier.wait_for_reads(0.01)
             return failed
         shape = self._shape(sched.scheduled)
         rows = {seq: self._sampling_rows(seq) for seq, _ in sched.scheduled}

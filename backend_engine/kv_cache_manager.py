@@ -47,9 +47,10 @@ class KVCacheManager:
             if block is None:
                 break
             blocks.append(block)
-        if self.pool.tier is not None and len(blocks) < num_full:
-            blocks += self._restore(seq.block_hashes[len(blocks):num_full], blocks,
-                                    first_lookup=seq.num_cached_tokens < 0)
+        if self.pool.tier is not None:
+            if len(blocks) < num_full:
+                blocks += self._restore(seq.block_hashes[len(blocks):num_full], blocks,
+                                        first_lookup=seq.num_cached_tokens < 0)
             self.pool.tier.release(seq.seq_id)  # what its disk read brought is in the pool now
         return blocks, len(blocks) * self.block_size
 

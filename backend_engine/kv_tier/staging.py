@@ -37,6 +37,12 @@ class Staging:
         return any(not read.done.is_set()
                    for read in (self.by_hash.get(h) for h in hashes) if read is not None)
 
+    def wait(self, timeout_s: float) -> None:
+        """Block briefly until a read under way is done (the engine has nothing else to run)."""
+        read = next((r for r in self.reads.values() if not r.done.is_set()), None)
+        if read is not None:
+            read.done.wait(timeout_s)
+
     def take(self, block_hash: int) -> object:
         """The block's bytes (None: the read failed), waiting for its read; NOT_STAGED if no
         read brings it."""

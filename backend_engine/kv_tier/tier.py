@@ -177,6 +177,10 @@ class KVTier:
             self.peers.mirror("release", owner)
             self.stats.read_seconds += self.staging.release(owner)
 
+    def wait_for_reads(self, timeout_s: float) -> None:
+        if self.staging is not None:
+            self.staging.wait(timeout_s)
+
     def servable(self, h: int) -> bool:
         """Whether a restore can copy the block now, without touching the disk."""
         return h in self.ram or (self.staging is not None and self.staging.ready(h))
