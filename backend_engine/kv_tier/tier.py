@@ -235,8 +235,11 @@ class KVTier:
         return n
 
     def restore_seconds_per_token(self) -> float | None:
+        """Copying back and, for disk blocks, reading them (off the engine thread, but the
+        request waits for it)."""
         tokens = self.stats.restored_blocks * self.block_size
-        return self.stats.restore_seconds / tokens if tokens else None
+        seconds = self.stats.restore_seconds + self.stats.read_seconds
+        return seconds / tokens if tokens else None
 
     # -- events and upkeep -------------------------------------------------------------------
     def take_events(self) -> tuple[list[int], list[int]]:

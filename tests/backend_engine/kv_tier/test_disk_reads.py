@@ -66,6 +66,7 @@ def test_other_requests_step_while_a_prefix_is_read_from_disk(disk_tier, slow_di
         assert done["again"].num_cached_tokens == 96
         info = engine.load()["kv_tier"]
         assert info["hit_tokens_by_level"]["disk"] == 96 and info["read_blocks"] == 0
+        assert info["read_seconds_total"] > 0  # the reader thread waited at the gate
         assert_no_leaks(engine)
     finally:
         engine.close()
