@@ -47,11 +47,9 @@ class KVCacheManager:
             if block is None:
                 break
             blocks.append(block)
-        if self.pool.tier is not None:
-            if len(blocks) < num_full:
-                blocks += self._restore(seq.block_hashes[len(blocks):num_full], blocks,
-                                        first_lookup=seq.num_cached_tokens < 0)
-            self.pool.tier.release(seq.seq_id)  # what its disk read brought is in the pool now
+        if self.pool.tier is not None and len(blocks) < num_full:
+            blocks += self._restore(seq.block_hashes[len(blocks):num_full], blocks,
+                                    first_lookup=seq.num_cached_tokens < 0)
         return blocks, len(blocks) * self.block_size
 
     def waiting_for_kv(self, seq: Sequence) -> bool:
@@ -135,6 +133,8 @@ class KVCacheManager:
             - len(seq.block_table)
         if need > 0:
             self._append(seq, self.pool.allocate(need))
+        if self.pool.tier is not None:  # what its disk read brought is in the pool now; kept
+            self.pool.tier.release(seq.seq_id)  # until then, should evictions take it back
         return True
 
     @staticmethod

@@ -13,7 +13,10 @@ is exactly FCFS ("fcfs" ignores priorities altogether).
 
 With a step budget (an inter-token latency target, step_budget.py), prefill chunks share the time
 the running decodes leave in the step, and a waiting sequence starts only while the decode step it
-joins stays inside the target; without one, every step hands out max_num_batched_tokens."""
+joins stays inside the target; without one, every step hands out max_num_batched_tokens.
+
+A waiting sequence whose prefix is being read from the disk KV tier (kv_tier/staging.py) is
+passed over, holding no blocks, until the read is done; the sequences behind it go ahead."""
 
 from __future__ import annotations
 
