@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from backend_engine.kv_tier.disk_store import DiskStore
+from backend_engine.sampling_params import SamplingParams
 from tests.backend_engine.helpers import assert_no_leaks
 from tests.backend_engine.kv_tier.tier_engines import (TURN, add, disk_tier_after_a_flood, run,
                                                        tier_engine)
@@ -97,5 +98,31 @@ def test_reads_in_flight_are_capped_and_the_rest_recomputed(disk_tier):
         engine.pool.tier.staging.max_blocks = 4
         assert run(engine, "again", TURN) == (expected, 64)
         assert engine.load()["kv_tier"]["hit_tokens_by_level"]["disk"] == 64
+    finally:
+        engine.close()
+
+
+def test_a_wait_for_a_read_under_pool_pressure_neither_leaks_nor_deadlocks(disk_tier, slow_disk):
+    """Two long requests that outgrow the 24-block pool together (one is preempted) run while a
+    third waits for its prefix from disk; everything finishes and every block comes back."""
+    folder, expected = disk_tier
+    engine = tier_engine(kv_offload_dir=str(folder))
+    long = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    try:
+        add(engine, "again", TURN)
+        for i in range(2):
+            engine.add_request(f"hog-{i}", [7000 + 300 * i + j for j in range(96)], long)
+        done = {}
+        for step in range(400):
+            if step == 20:
+                slow_disk.set()
+            done.update({o.request_id: o for o in engine.step() if o.finished})
+            if len(done) == 3:
+                break
+        assert set(done) == {"again", "hog-0", "hog-1"}
+        assert done["again"].outputs[0].token_ids == expected
+        assert engine.scheduler.num_preemptions > 0
+        assert engine.pool.tier.staging.num_blocks == 0
+        assert_no_leaks(engine)
     finally:
         engine.close()
