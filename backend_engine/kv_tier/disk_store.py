@@ -209,7 +209,11 @@ class DiskStore:
             for h in job.hashes:
                 if job.cancelled:
                     break
-                job.payloads[h] = self._load(h)
+                try:
+                    job.payloads[h] = self._load(h)
+                except Exception:  # never leave a request waiting: the block is recomputed
+                    log.exception("KV tier: reading block %016x failed", h)
+                    job.payloads[h] = None
             job.seconds = time.perf_counter() - started
             job.done.set()
 
