@@ -229,9 +229,6 @@ class EngineConfig:
         if self.kv_offload_enabled and not self.enable_prefix_caching:
             raise ValueError("a KV offload tier needs prefix caching: it keeps evicted prefix "
                              "blocks")
-        if self.kv_offload_enabled and self.tensor_parallel_size > 1:
-            raise ValueError("a KV offload tier is not supported with tensor_parallel_size > 1 "
-                             "yet (each rank would keep its own shard's blocks)")
         if self.dtype not in DTYPES:
             raise ValueError(f"unsupported dtype {self.dtype!r}; choose one of {DTYPES}")
         if not isinstance(self.engine_options, dict) or not all(

@@ -113,12 +113,7 @@ class LLMEngine:
                                                   self.eos_token_ids, self.stats)
 
     def _kv_tier(self, config: EngineConfig):  # -> KVTier
-        from backend_engine.kv_tier.tier import KVTier
-        from backend_engine.kv_transfer.block_io import BlockIO
-
-        io = BlockIO(self.runner.kv_caches, self.model_id)
-        tier = KVTier(io, int(config.kv_offload_size_gb * (1 << 30)), config.kv_offload_dir,
-                      int(config.kv_offload_disk_size_gb * (1 << 30)))
+        tier = self.runner.open_kv_tier(self.model_id, config)  # one per tensor-parallel rank
         tier.observe = lambda seconds: self.stats.observe("kv_tier_restore", seconds)
         return tier
 
@@ -312,6 +307,8 @@ class LLMEngine:
         if not sched:
             self.pool.flush_events()
             self.structured.wait_for_pending(0.01)  # nothing to run until a grammar is ready
+            if self.pool.tier is not None:  # ... or a prefix is read from disk
+                self.pool.tier.wait_for_reads(0.01)
             return failed
         shape = self._shape(sched.scheduled)
         # queued prompt work this step retires: tokens it computes, and those found cached

@@ -81,19 +81,31 @@ class KVCacheManager:
         block = self.pool.lookup(found[0])
         return None if block is None else PartialHit(block, found[1])
 
+    def waiting_for_kv(self, seq: Sequence) -> bool:
+        """Whether the sequence waits for its prefix's blocks to be read from the disk tier
+        (starting the reads); it holds no pool block meanwhile."""
+        tier = self.pool.tier
+        if tier is None or tier.staging is None or not self.enable_caching:
+            return False
+        num_full = self._hash_upto(seq, seq.num_tokens - 1)
+        hashes = seq.block_hashes[:num_full]
+        i = 0
+        while i < num_full and hashes[i] in self.pool.cached:
+            i += 1
+        return tier.wait_for_disk(seq.seq_id, hashes[i:])
+
     def _restore(self, hashes: list[int], held: list[KVBlock], first_lookup: bool) -> list[KVBlock]:
         """Copy the tier's blocks that continue a prefix into free pool blocks, cached (and
         free) as if never evicted; returns them in prefix order."""
         tier, pool = self.pool.tier, self.pool
         n = 0
-        for h in hashes:  # stop where the pool holds the block already, or the tier does not
-            if h in pool.cached or h not in tier:
+        for h in hashes:  # stop where the pool holds the block already, or the tier cannot serve
+            if h in pool.cached or not tier.servable(h):
                 break
             n += 1
         got: list[KVBlock] = []
         if n:
-            for h in hashes[:n]:  # the most recent: the eviction the allocation causes spares them
-                tier.touch(h)
+            tier.touch(hashes[:n])  # the most recent: the eviction the allocation causes spares them
             pool.hold(held)  # the allocation below must not reuse the prefix found so far
             try:
                 fresh = pool.allocate(min(n, pool.num_free_blocks))
@@ -168,6 +180,8 @@ class KVCacheManager:
             - len(seq.block_table)
         if need > 0:
             self._append(seq, self.pool.allocate(need))
+        if self.pool.tier is not None:  # what its disk read brought is in the pool now; kept
+            self.pool.tier.release(seq.seq_id)  # until then, should evictions take it back
 
     @staticmethod
     def _append(seq: Sequence, blocks) -> None:
@@ -201,6 +215,8 @@ class KVCacheManager:
             self.pool.release(list(reversed(extra)))
 
     def free(self, seq: Sequence) -> None:
+        if self.pool.tier is not None:
+            self.pool.tier.release(seq.seq_id)  # an aborted wait for a disk read
         self.pool.release(list(reversed(seq.block_table)))
         seq.block_table = []
         seq.block_ids = []

@@ -89,6 +89,12 @@ class ModelRunner:
     def shutdown(self) -> None:
         """One process: nothing to stop."""
 
+    def open_kv_tier(self, model_id: str, config: EngineConfig):  # -> KVTier
+        """The KV tier below the pool (kv_offload_*), over this runner's KV cache."""
+        from backend_engine.kv_tier.peers import open_tier
+
+        return open_tier(self.kv_caches, model_id, config)
+
     def _memory_baseline(self, config: EngineConfig):  # -> CudaSnapshot | None
         """The device before the weights load, when the KV pool is sized from its memory."""
         if self.device.type != "cuda" or config.num_kv_blocks or config.kv_cache_memory_gb:

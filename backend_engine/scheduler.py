@@ -13,7 +13,10 @@ is exactly FCFS ("fcfs" ignores priorities altogether).
 
 With a step budget (an inter-token latency target, step_budget.py), prefill chunks share the time
 the running decodes leave in the step, and a waiting sequence starts only while the decode step it
-joins stays inside the target; without one, every step hands out max_num_batched_tokens."""
+joins stays inside the target; without one, every step hands out max_num_batched_tokens.
+
+A waiting sequence whose prefix is being read from the disk KV tier (kv_tier/staging.py) is
+passed over, holding no blocks, until the read is done; the sequences behind it go ahead."""
 
 from __future__ import annotations
 
@@ -127,6 +130,9 @@ class Scheduler:
             parent_running = parent is not None and parent.status is SequenceStatus.RUNNING
             if parent_running and parent.is_prefilling:
                 held_back.append(self.waiting.popleft())  # fork once the prompt is computed
+                continue
+            if not parent_running and self.kv.waiting_for_kv(seq):
+                held_back.append(self.waiting.popleft())  # its prefix is being read from disk
                 continue
             partial = None
             if parent_running and seq.num_computed_tokens == 0:

@@ -149,6 +149,16 @@ class TensorParallelExecutor:
         with self._step(BlockCopies(pairs)):
             self.runner.copy_blocks(pairs)
 
+    def open_kv_tier(self, model_id: str, config: EngineConfig):  # -> KVTier
+        """Rank 0's KV tier; every worker opens its own, and rank 0's mirrors its changes to
+        theirs (kv_tier/peers.py)."""
+        from backend_engine.kv_tier.peers import GroupPeers, TierCall, open_tier
+
+        with self._lock:
+            self._send_checked(TierCall("open", (model_id,)))
+        return open_tier(self.runner.kv_caches, model_id, config, 0, self.size,
+                         GroupPeers(self.group, self._send_checked, self._lock))
+
     @contextlib.contextmanager
     def _step(self, batch: StepBatch | BlockCopies) -> Iterator[None]:
         """Send the batch; the body runs rank 0's shard, whose collectives the workers join."""
@@ -159,6 +169,14 @@ class TensorParallelExecutor:
                 yield
             except RuntimeError as exc:  # a collective failed: was it a rank that went away?
                 raise self._lost(exc) from exc
+
+    def _send_checked(self, message: object) -> None:
+        """Send outside a step (the caller holds the lock)."""
+        self.check_health()
+        try:
+            self._send(message)
+        except RuntimeError as exc:
+            raise self._lost(exc) from exc
 
     def _send(self, message: object) -> None:
         self.group.send_step(message)

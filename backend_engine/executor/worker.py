@@ -22,6 +22,7 @@ from transformers import AutoConfig
 
 from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import TensorParallelGroup, init_group
+from backend_engine.kv_tier.peers import TierCall, WorkerTier
 from backend_engine.model_runner import ModelRunner
 
 STOP, PING = "stop", "ping"  # control messages on the step broadcast
@@ -33,6 +34,8 @@ class BlockCopies:
     step (a partial prefix-cache hit: partial_block.py)."""
 
     pairs: list[tuple[int, int]]
+
+
 START_TIMEOUT_S = 900.0  # loading a large shard; the supervisor's health timeout applies too
 
 log = logging.getLogger("kvgate.engine.tp")
@@ -95,14 +98,14 @@ def run_worker(rank: int, size: int, store_port: int, config: EngineConfig, fold
         raise SystemExit(1) from None
     store.set(f"ready/{rank}", json.dumps({"num_blocks": runner.num_blocks}))
     store.wait(["go"])
-    serve_steps(group, runner)
+    serve_steps(group, runner, WorkerTier(runner, config, group))
     # Stopped: leave without tearing the interpreter down. Nothing here needs cleaning (rank 0
     # ends the group), and destroying gloo's objects at exit can abort the process.
     logging.shutdown()
     os._exit(0)
 
 
-def serve_steps(group: TensorParallelGroup, runner: ModelRunner) -> None:
+def serve_steps(group: TensorParallelGroup, runner: ModelRunner, tier: WorkerTier) -> None:
     while True:
         try:
             message = group.receive_step()
@@ -110,8 +113,11 @@ def serve_steps(group: TensorParallelGroup, runner: ModelRunner) -> None:
             log.error("lost rank 0, exiting: %s", str(exc).splitlines()[0])
             os._exit(1)
         if message == STOP:
+            tier.close()  # its queued disk writes first
             return
         if isinstance(message, BlockCopies):
             runner.copy_blocks(message.pairs)
+        elif isinstance(message, TierCall):
+            tier.apply(message)
         elif message != PING:
             runner.forward_batch(message)

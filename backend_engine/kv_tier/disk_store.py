@@ -8,13 +8,15 @@ A file is a fixed header then the block's bytes (the pool's dtype, the layout of
 
 A file is written to a temporary name and renamed, so a crash leaves no half-written block under
 a block's name. At start-up the directory is scanned (header and size: a truncated or foreign
-file is dropped and counted); every load verifies the checksum before the bytes are served (a
+file is dropped and counted); every read verifies the checksum before the bytes are served (a
 corrupt file is dropped and counted, and the caller recomputes). Blocks of another model or
 layout live in another fingerprint's folder and are left alone.
 
 The engine thread owns the index (which hashes are on disk, in LRU order); the writer thread
-only writes and deletes files, in the order it was asked to. Blocks queued but not yet written
-are served from memory."""
+only writes and deletes files, in the order it was asked to. Reads never run on the engine
+thread either: `read` queues them for a reader thread, which reads and checks the files and
+marks the read done (vLLM's asynchronous KV load); blocks queued but not yet written are read
+from memory."""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ import os
 import queue
 import struct
 import threading
+import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import xxhash
@@ -41,6 +45,18 @@ def block_path(folder: Path, block_hash: int) -> Path:
 
 def encode(block_hash: int, payload: bytes | memoryview) -> bytes:
     return HEADER.pack(MAGIC, block_hash, len(payload), xxhash.xxh3_64_intdigest(payload))
+
+
+@dataclass(slots=True)
+class DiskRead:
+    """Blocks the reader thread reads, in order; `payloads` holds each one's verified bytes (None:
+    missing or corrupt) once `done` is set."""
+
+    hashes: list[int]
+    payloads: dict[int, bytes | memoryview | None] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+    seconds: float = 0.0
 
 
 class DiskStore:
@@ -61,9 +77,13 @@ class DiskStore:
         self._failed: list[int] = []  # writes that failed, for the engine thread to forget
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._reads: queue.SimpleQueue = queue.SimpleQueue()
         self._scan()
         self._thread = threading.Thread(target=self._run, name="kv-tier-writer", daemon=True)
         self._thread.start()
+        self._reader = threading.Thread(target=self._read_loop, name="kv-tier-reader",
+                                        daemon=True)
+        self._reader.start()
 
     # -- engine thread -----------------------------------------------------------------------
     def __contains__(self, block_hash: int) -> bool:
@@ -97,22 +117,17 @@ class DiskStore:
     def touch(self, block_hash: int) -> None:
         self.index.move_to_end(block_hash)
 
-    def get(self, block_hash: int) -> bytes | memoryview | None:
-        """The block's verified bytes; None (and the file dropped, counted) if it fails."""
-        with self._lock:
-            pending = self._pending.get(block_hash)
-        if pending is not None:
-            return pending[1]
-        try:
-            data = block_path(self.folder, block_hash).read_bytes()
-        except OSError:
-            data = b""
-        payload = self._verified(block_hash, data)
-        if payload is None:
-            self.corrupt_files += 1
-            self.remove(block_hash)
-            log.warning("KV tier file for block %016x failed its check; dropped", block_hash)
-        return payload
+    def read(self, hashes: list[int]) -> DiskRead:
+        """Queue the blocks' reads for the reader thread."""
+        job = DiskRead(list(hashes))
+        self._reads.put(job)
+        return job
+
+    def drop_corrupt(self, block_hash: int) -> None:
+        """A read found the block's file missing or failing its check: forget it, count it."""
+        self.corrupt_files += 1
+        self.remove(block_hash)
+        log.warning("KV tier file for block %016x failed its check; dropped", block_hash)
 
     def remove(self, block_hash: int) -> None:
         if self.index.pop(block_hash, 0) is None:
@@ -143,7 +158,9 @@ class DiskStore:
     def close(self) -> None:
         self.flush()
         self._jobs.put(("stop", None))
+        self._reads.put(None)
         self._thread.join(timeout=5)
+        self._reader.join(timeout=5)
 
     # -- start-up ----------------------------------------------------------------------------
     def _scan(self) -> None:
@@ -184,6 +201,33 @@ class DiskStore:
         payload = memoryview(data)[HEADER.size:]
         checksum = HEADER.unpack(data[:HEADER.size])[3]
         return payload if xxhash.xxh3_64_intdigest(payload) == checksum else None
+
+    # -- the reader thread -------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        while (job := self._reads.get()) is not None:
+            started = time.perf_counter()
+            for h in job.hashes:
+                if job.cancelled:
+                    break
+                try:
+                    job.payloads[h] = self._load(h)
+                except Exception:  # never leave a request waiting: the block is recomputed
+                    log.exception("KV tier: reading block %016x failed", h)
+                    job.payloads[h] = None
+            job.seconds = time.perf_counter() - started
+            job.done.set()
+
+    def _load(self, block_hash: int) -> bytes | memoryview | None:
+        """The block's verified bytes (from memory while its write is queued), else None."""
+        with self._lock:
+            pending = self._pending.get(block_hash)
+        if pending is not None:
+            return pending[1]
+        try:
+            data = block_path(self.folder, block_hash).read_bytes()
+        except OSError:
+            return None
+        return self._verified(block_hash, data)
 
     # -- the writer thread -------------------------------------------------------------------
     def _run(self) -> None:

@@ -2,15 +2,21 @@
 and/or a disk folder), keyed by their canonical block hash, and copied back into the pool when
 a prefix lookup misses the pool and finds them here, so the request skips their prefill.
 
-Everything here runs on the engine thread except the disk writes (disk_store.py). The copy at
-eviction is one gather of the evicted blocks out of the KV tensors; RAM keeps that copy, the
-disk level queues it for its writer thread and serves it from memory until it is written.
+Everything here runs on the engine thread except the disk writes and reads (disk_store.py). The
+copy at eviction is one gather of the evicted blocks out of the KV tensors; RAM keeps that copy,
+the disk level queues it for its writer thread. A block on the disk level is read by the
+reader thread while its request waits (staging.py), then restored from memory.
 Blocks are stored exactly, in the pool's dtype, so a restored prefix gives the tokens a
 recompute gives. The hash already carries the namespace (model, tenant salt), so a tier never
 serves another tenant's block.
 
 Both levels are bounded in bytes with their own LRU. A block is "in the tier" while either
-level holds it; its entering and leaving are reported with the pool's KV events."""
+level holds it; its entering and leaving are reported with the pool's KV events.
+
+With tensor parallelism every rank keeps a KVTier of its own heads' shard of each block, under
+the same block hashes (its disk level in a folder of its own). The engine drives rank 0's tier;
+each change is mirrored to the other ranks' tiers in the same order (`peers`, peers.py), so
+their LRUs agree, and a restore counts only the leading blocks every rank restored."""
 
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import xxhash
 
 from backend_engine.block_pool import BlockOrigin
 from backend_engine.kv_tier.disk_store import DiskStore
+from backend_engine.kv_tier.staging import NOT_STAGED, Staging
 from backend_engine.kv_transfer.block_io import BlockIO
 
 
@@ -35,11 +42,24 @@ class TierStats:
     offloaded_blocks: int = 0  # blocks copied in at eviction
     restored_blocks: int = 0
     restore_seconds: float = 0.0  # total, for the measured cost per token
+    read_seconds: float = 0.0  # disk reads, on the reader thread
+
+
+class TierPeers:
+    """The same tier on the other tensor-parallel ranks: none in one process."""
+
+    def mirror(self, op: str, *args) -> None:
+        """Apply this change to the other ranks' tiers too."""
+
+    def agree(self, call: tuple, restored: Callable[[], int]) -> int:
+        """Run the restore `call` on every rank; the leading blocks all of them restored."""
+        return restored()
 
 
 class KVTier:
     def __init__(self, io: BlockIO, ram_bytes: int, disk_dir: str | None = None,
-                 disk_bytes: int = 0, max_backlog: int = 256):
+                 disk_bytes: int = 0, max_backlog: int = 256, max_reads: int = 256,
+                 peers: TierPeers | None = None):
         self.io = io
         self.block_size = io.layout.block_size
         self.block_bytes = io.layout.block_bytes
@@ -50,6 +70,8 @@ class KVTier:
             fingerprint = f"{xxhash.xxh3_64_intdigest(repr(io.layout).encode()):016x}"
             self.disk = DiskStore(disk_dir, fingerprint, self.block_bytes, disk_bytes,
                                   max_backlog)
+        self.staging = Staging(self.disk, max_reads) if self.disk is not None else None
+        self.peers = peers or TierPeers()
         self.stats = TierStats()
         self.observe: Callable[[float], None] = lambda seconds: None  # each restore's duration
         self._stored: list[int] = []
@@ -68,11 +90,12 @@ class KVTier:
     # -- eviction from the pool --------------------------------------------------------------
     def offload(self, evicted: list[tuple]) -> None:
         """Copy blocks the pool is about to reuse: (block hash, block id, origin or None)."""
+        self.peers.mirror("offload", [(h, block_id, None) for h, block_id, _ in evicted])
         self._reap()
         new = []
         for h, block_id, origin in evicted:
             if h in self:  # already kept: it only becomes the most recent
-                self.touch(h)
+                self._touch(h)
             else:
                 new.append((h, block_id, origin))
         if not new:
@@ -102,7 +125,13 @@ class KVTier:
             if origin is not None:
                 self.origins[h] = origin
 
-    def touch(self, h: int) -> None:
+    def touch(self, hashes: list[int]) -> None:
+        """Make these blocks the most recently used (a restore of them is about to follow)."""
+        self.peers.mirror("touch", hashes)
+        for h in hashes:
+            self._touch(h)
+
+    def _touch(self, h: int) -> None:
         if h in self.ram:
             self.ram.move_to_end(h)
         if self.disk is not None and h in self.disk:
@@ -118,45 +147,99 @@ class KVTier:
             for h in self.disk.reap_failed():
                 self._left_level(h)
 
+    # -- disk reads a request waits for ------------------------------------------------------
+    def wait_for_disk(self, owner: str, hashes: list[int]) -> bool:
+        """Whether `owner` must wait for disk reads before restoring the leading blocks of
+        `hashes` the tier holds; starts the reads it needs (engine side, rank 0)."""
+        if self.staging is None:
+            return False
+        run = []
+        for h in hashes:
+            if h not in self:
+                break
+            if h not in self.ram:
+                run.append(h)
+        missing = [h for h in run if h not in self.staging.by_hash]
+        room = self.staging.room()
+        if missing and room and owner not in self.staging.reads:
+            self.prefetch(owner, missing[:room])
+        return self.staging.pending(run)
+
+    def prefetch(self, owner: str, hashes: list[int]) -> None:
+        """Start reading these disk blocks for `owner` on the reader thread."""
+        self.peers.mirror("prefetch", owner, hashes)
+        if self.staging is not None and owner not in self.staging.reads:
+            self.staging.start(owner, hashes)
+
+    def release(self, owner: str) -> None:
+        """Drop what `owner`'s disk read brought (restored, or no longer wanted)."""
+        if self.staging is not None and owner in self.staging.reads:
+            self.peers.mirror("release", owner)
+            self.stats.read_seconds += self.staging.release(owner)
+
+    def wait_for_reads(self, timeout_s: float) -> None:
+        if self.staging is not None:
+            self.staging.wait(timeout_s)
+
+    def servable(self, h: int) -> bool:
+        """Whether a restore can copy the block now, without touching the disk."""
+        return h in self.ram or (self.staging is not None and self.staging.ready(h))
+
     # -- restore into the pool ---------------------------------------------------------------
-    def load(self, hashes: list[int]) -> list[torch.Tensor]:
-        """The blocks' data, in order, stopping at the first one no level can serve intact."""
-        out = []
+    def load(self, hashes: list[int]) -> tuple[list[torch.Tensor], list[str]]:
+        """The blocks' data and level, in order, stopping at the first one no level can serve
+        intact (a disk block only once its read is staged)."""
+        out, levels = [], []
         for h in hashes:
             block = self.ram.get(h)
             if block is not None:
                 self.ram.move_to_end(h)
-                self.stats.hits_by_level["ram"] += 1
-            elif self.disk is not None and h in self.disk:
-                payload = self.disk.get(h)
-                if payload is None:  # corrupt: dropped, the rest is recomputed
+                levels.append("ram")
+            else:
+                payload = NOT_STAGED if self.staging is None else self.staging.take(h)
+                if payload is NOT_STAGED:
+                    break
+                if payload is None:  # corrupt or gone: dropped, the rest is recomputed
+                    if h in self.disk:
+                        self.disk.drop_corrupt(h)
                     self._left_level(h)
                     break
-                self.disk.touch(h)
+                if h in self.disk:
+                    self.disk.touch(h)
                 block = self.io.from_frames([payload])[0]
-                self.stats.hits_by_level["disk"] += 1
-            else:
-                break
+                levels.append("disk")
             out.append(block)
-        return out
+        return out, levels
 
     def restore(self, hashes: list[int], block_ids: list[int]) -> int:
         """Write the tier's copies of `hashes` into the pool blocks `block_ids`; returns how
-        many leading blocks were restored."""
+        many leading blocks were restored (on every rank)."""
         started = time.perf_counter()
-        blocks = self.load(hashes)
-        if blocks:
-            self.io.write(block_ids[:len(blocks)], torch.stack(blocks))
+        levels: list[str] = []
+
+        def restore_here() -> int:
+            blocks, found = self.load(hashes)
+            if blocks:
+                self.io.write(block_ids[:len(blocks)], torch.stack(blocks))
+            levels.extend(found)
+            return len(blocks)
+
+        n = self.peers.agree(("restore", hashes, block_ids), restore_here)
         seconds = time.perf_counter() - started
-        self.stats.restored_blocks += len(blocks)
-        if blocks:
+        self.stats.restored_blocks += n
+        for level in levels[:n]:
+            self.stats.hits_by_level[level] += 1
+        if n:
             self.stats.restore_seconds += seconds
             self.observe(seconds)
-        return len(blocks)
+        return n
 
     def restore_seconds_per_token(self) -> float | None:
+        """Copying back and, for disk blocks, reading them (off the engine thread, but the
+        request waits for it)."""
         tokens = self.stats.restored_blocks * self.block_size
-        return self.stats.restore_seconds / tokens if tokens else None
+        seconds = self.stats.restore_seconds + self.stats.read_seconds
+        return seconds / tokens if tokens else None
 
     # -- events and upkeep -------------------------------------------------------------------
     def take_events(self) -> tuple[list[int], list[int]]:
@@ -171,6 +254,9 @@ class KVTier:
                 [h for h in touched if h not in self and h not in entered])
 
     def clear(self) -> None:
+        self.peers.mirror("clear")
+        if self.staging is not None:
+            self.staging.clear()
         self.origins.clear()
         self._removed.extend(self.ram)
         self.ram.clear()
@@ -187,6 +273,9 @@ class KVTier:
                "offloaded_blocks": self.stats.offloaded_blocks,
                "restored_blocks": self.stats.restored_blocks,
                "restore_seconds_total": round(self.stats.restore_seconds, 6)}
+        if self.staging is not None:
+            out.update(read_blocks=self.staging.num_blocks,
+                       read_seconds_total=round(self.stats.read_seconds, 6))
         if self.disk is not None:
             out.update(disk_blocks=len(self.disk.index), disk_bytes=self.disk.used_bytes,
                        disk_capacity_bytes=self.disk.capacity_blocks * self.disk.file_bytes,

@@ -39,6 +39,8 @@ def kv_tier_metrics(tier: dict) -> Iterator[Metric]:
         ("write_failures", "kvgate_kv_tier_write_failures", "Disk tier writes that failed."),
         ("dropped_writes", "kvgate_kv_tier_dropped_writes",
          "Blocks not written to disk because the write backlog was full."),
+        ("read_seconds_total", "kvgate_kv_tier_read_seconds",
+         "Time the disk tier's reader thread spent reading blocks requests waited for."),
     ):
         if key in tier:
             yield CounterMetricFamily(name, doc, value=float(tier[key]))
@@ -46,6 +48,10 @@ def kv_tier_metrics(tier: dict) -> Iterator[Metric]:
         yield GaugeMetricFamily("kvgate_kv_tier_write_backlog_blocks",
                                 "Blocks queued for the disk tier's writer thread.",
                                 value=float(tier["write_backlog"]))
+    if "read_blocks" in tier:
+        yield GaugeMetricFamily("kvgate_kv_tier_read_blocks",
+                                "Disk tier blocks being read (or read) for requests waiting "
+                                "for them.", value=float(tier["read_blocks"]))
     if "restore_cost" in tier:
         yield GaugeMetricFamily("kvgate_kv_tier_restore_cost_ratio",
                                 "Measured restore time per token over prefill time per token.",

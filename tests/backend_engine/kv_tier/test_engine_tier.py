@@ -11,31 +11,8 @@ from backend_engine.engine import LLMEngine
 from backend_engine.sampling_params import SamplingParams
 from routing.hashing import block_hashes, namespace_for
 from tests.backend_engine.helpers import assert_no_leaks
-
-PREFIX = [300 + i for i in range(96)]  # 6 full blocks of 16
-
-
-def _engine(**tier) -> LLMEngine:
-    return LLMEngine(EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=24,
-                                  max_num_batched_tokens=128, target_itl_ms=0, **tier))
-
-
-def _run(engine: LLMEngine, rid: str, tokens: list[int], salt: str | None = None):
-    engine.add_request(rid, tokens, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
-                       cache_salt=salt)
-    while True:
-        for out in engine.step():
-            if out.request_id == rid and out.finished:
-                return out.outputs[0].token_ids, out.num_cached_tokens
-
-
-def _prefix_hashes(engine: LLMEngine, salt: str | None = None) -> list[int]:
-    return block_hashes(PREFIX, namespace_for(engine.model_id, salt), 16)
-
-
-def _flood(engine: LLMEngine, n: int = 8) -> None:
-    for i in range(n):  # 8 x 6 blocks through a 24-block pool: PREFIX leaves the pool
-        _run(engine, f"flood-{i}", [2000 + 131 * i + j for j in range(96)])
+from tests.backend_engine.kv_tier.tier_engines import (PREFIX, disk_tier_after_a_flood, flood,
+                                                       prefix_hashes, run, tier_engine)
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +22,18 @@ def recompute():
                                     max_num_batched_tokens=128, target_itl_ms=0,
                                     enable_prefix_caching=False))
     try:
-        return _run(engine, "ref", PREFIX + [5, 6, 7])[0]
+        return run(engine, "ref", PREFIX + [5, 6, 7])[0]
     finally:
         engine.close()
 
 
 def test_an_evicted_prefix_is_restored_from_ram_with_recomputed_tokens(recompute):
-    engine = _engine(kv_offload_size_gb=0.01)
+    engine = tier_engine(kv_offload_size_gb=0.01)
     try:
-        _run(engine, "first", PREFIX + [1])
-        _flood(engine)
-        assert engine.pool.lookup(_prefix_hashes(engine)[0]) is None  # gone from the pool
-        tokens, cached = _run(engine, "again", PREFIX + [5, 6, 7])
+        run(engine, "first", PREFIX + [1])
+        flood(engine)
+        assert engine.pool.lookup(prefix_hashes(engine)[0]) is None  # gone from the pool
+        tokens, cached = run(engine, "again", PREFIX + [5, 6, 7])
         assert tokens == recompute
         assert cached == 96
         info = engine.load()["kv_tier"]
@@ -67,45 +44,33 @@ def test_an_evicted_prefix_is_restored_from_ram_with_recomputed_tokens(recompute
 
 
 def test_without_a_tier_the_same_flood_loses_the_prefix():
-    engine = _engine()
+    engine = tier_engine()
     try:
-        _run(engine, "first", PREFIX + [1])
-        _flood(engine)
-        assert _run(engine, "again", PREFIX + [5, 6, 7])[1] == 0
+        run(engine, "first", PREFIX + [1])
+        flood(engine)
+        assert run(engine, "again", PREFIX + [5, 6, 7])[1] == 0
         assert "kv_tier" not in engine.load()
     finally:
         engine.close()
 
 
 def test_a_tier_never_serves_another_tenants_blocks():
-    engine = _engine(kv_offload_size_gb=0.01)
+    engine = tier_engine(kv_offload_size_gb=0.01)
     try:
-        _run(engine, "a", PREFIX + [1], salt="tenant-a")
-        _flood(engine)
-        assert _run(engine, "b", PREFIX + [5, 6, 7], salt="tenant-b")[1] == 0
-        assert _run(engine, "a2", PREFIX + [5, 6, 7], salt="tenant-a")[1] == 96
-    finally:
-        engine.close()
-
-
-def _disk_tier_after_a_flood(folder: Path) -> list[int]:
-    """Serve PREFIX, push it out of the pool onto disk, stop; the tier's hashes."""
-    engine = _engine(kv_offload_dir=str(folder))
-    try:
-        _run(engine, "first", PREFIX + [1])
-        _flood(engine)
-        engine.pool.tier.disk.flush()
-        return engine.pool.tier_hashes()
+        run(engine, "a", PREFIX + [1], salt="tenant-a")
+        flood(engine)
+        assert run(engine, "b", PREFIX + [5, 6, 7], salt="tenant-b")[1] == 0
+        assert run(engine, "a2", PREFIX + [5, 6, 7], salt="tenant-a")[1] == 96
     finally:
         engine.close()
 
 
 def test_a_disk_tier_survives_a_restart(tmp_path, recompute):
-    _disk_tier_after_a_flood(tmp_path)
-    engine = _engine(kv_offload_dir=str(tmp_path))
+    disk_tier_after_a_flood(tmp_path)
+    engine = tier_engine(kv_offload_dir=str(tmp_path))
     try:
         assert len(engine.pool.tier_hashes()) > 6
-        tokens, cached = _run(engine, "again", PREFIX + [5, 6, 7])
+        tokens, cached = run(engine, "again", PREFIX + [5, 6, 7])
         assert (tokens, cached) == (recompute, 96)
         assert engine.load()["kv_tier"]["hit_tokens_by_level"]["disk"] == 96
     finally:
@@ -113,7 +78,7 @@ def test_a_disk_tier_survives_a_restart(tmp_path, recompute):
 
 
 def test_corrupt_and_truncated_tier_files_are_dropped_and_counted(tmp_path, recompute):
-    hashes = _disk_tier_after_a_flood(tmp_path)
+    hashes = disk_tier_after_a_flood(tmp_path)
     files = {int(p.stem, 16): p for p in Path(tmp_path).rglob("*.kvb")}
     prefix = block_hashes(PREFIX, namespace_for("tiny-random", None), 16)
     assert set(prefix) <= set(hashes)
@@ -122,10 +87,10 @@ def test_corrupt_and_truncated_tier_files_are_dropped_and_counted(tmp_path, reco
     data = bytearray(flipped.read_bytes())
     data[-7] ^= 0xFF
     flipped.write_bytes(bytes(data))
-    engine = _engine(kv_offload_dir=str(tmp_path))
+    engine = tier_engine(kv_offload_dir=str(tmp_path))
     try:
         assert engine.load()["kv_tier"]["corrupt_files"] == 1  # the truncated one, at start
-        tokens, cached = _run(engine, "again", PREFIX + [5, 6, 7])
+        tokens, cached = run(engine, "again", PREFIX + [5, 6, 7])
         assert tokens == recompute
         assert cached == 32  # blocks 0-1; block 2 failed its checksum and was recomputed
         info = engine.load()["kv_tier"]
@@ -140,9 +105,9 @@ def test_a_restore_composes_with_chunked_prefill(recompute):
                                     max_num_batched_tokens=32, target_itl_ms=0,
                                     kv_offload_size_gb=0.01))
     try:
-        _run(engine, "first", PREFIX + [1])  # prefilled in 32-token chunks
-        _flood(engine)
-        assert _run(engine, "again", PREFIX + [5, 6, 7]) == (recompute, 96)
+        run(engine, "first", PREFIX + [1])  # prefilled in 32-token chunks
+        flood(engine)
+        assert run(engine, "again", PREFIX + [5, 6, 7]) == (recompute, 96)
     finally:
         engine.close()
 
@@ -170,7 +135,7 @@ def test_preempted_requests_come_back_through_the_tier():
         expected = serve(alone)
     finally:
         alone.close()
-    engine = _engine(kv_offload_size_gb=0.01)
+    engine = tier_engine(kv_offload_size_gb=0.01)
     try:
         assert serve(engine) == expected
         assert engine.scheduler.num_preemptions > 0

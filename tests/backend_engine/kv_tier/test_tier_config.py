@@ -42,7 +42,6 @@ def test_kvgate_up_gives_each_replica_its_own_disk_tier(tmp_path):
 @pytest.mark.parametrize("bad, message", [
     (dict(kv_offload_size_gb=-1), "must not be negative"),
     (dict(kv_offload_size_gb=1, enable_prefix_caching=False), "needs prefix caching"),
-    (dict(kv_offload_dir="/tmp/kv", tensor_parallel_size=2), "tensor_parallel_size"),
 ])
 def test_what_a_tier_refuses(bad, message):
     with pytest.raises(ValueError, match=message):

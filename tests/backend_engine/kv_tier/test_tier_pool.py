@@ -89,6 +89,10 @@ def test_a_disk_tier_is_written_off_thread_and_read_back_after_a_restart(tmp_pat
     pool, tier = _pool(4, ram_blocks=0, disk_dir=str(tmp_path), disk_bytes=1 << 20)
     assert set(tier.hashes()) == set(first)
     fresh = pool.allocate(4)
+    assert tier.restore(first, [b.block_id for b in fresh]) == 0  # disk blocks: read first
+    assert tier.wait_for_disk("r", first)  # the reader thread reads them
+    tier.staging.reads["r"].done.wait(5)
+    assert not tier.wait_for_disk("r", first)
     assert tier.restore(first, [b.block_id for b in fresh]) == 4
     assert tier.io.kv_caches[0][1][fresh[3].block_id].eq(-10.0).all()
     assert tier.info()["hit_tokens_by_level"] == {"ram": 0, "disk": 64}
