@@ -25,6 +25,7 @@ from gateway.migration import Interrupted, Migration, next_chunk
 from gateway.overload_queue import QueueFull, QueueTimeout
 from gateway.replicas import Replica, role_exclusions
 from gateway.state import GatewayState
+from gateway.stall_probe import silence_watch
 from gateway.stats import DecisionRecord
 from gateway.stream_splice import StreamSplice
 from gateway.upstream import UpstreamFailure, UsageScanner, open_until_down, usage_of
@@ -229,8 +230,9 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
         first = True
         notice = replica.watch_stream(frozenset({"down"}))  # a drain gives it its grace period
         chunks = upstream.aiter_raw()
+        watch = silence_watch(state.config, state.client, replica.url, upstream)
         try:
-            while (chunk := await next_chunk(chunks, notice, state.config.stream_stall_timeout_s)) is not None:
+            while (chunk := await next_chunk(chunks, notice, watch)) is not None:
                 if first:
                     first = False
                     await _first_byte(state, routed, decision, record)
@@ -286,7 +288,9 @@ def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> R
         state.stats.record_migration(cause, outcome)
 
     migration = Migration(splice, leg, state.config.migration_limit,
-                          state.config.stream_stall_timeout_s, record, open_continuation,
+                          lambda of: silence_watch(state.config, state.client, of.replica.url,
+                                                   of.upstream),
+                          record, open_continuation,
                           lambda failed, why: _close_leg(state, routed, failed, why), first_byte)
 
     async def on_close() -> None:
