@@ -1,15 +1,20 @@
 """Stall detection (gateway/stall_probe.py) on a cluster of one slowed replica (every engine step
-0.2 s longer, prefill in 16-token chunks) and one plain replica behind one gateway whose health
-checks are too slow to notice a hang first:
+0.1 s longer: a replica under a heavy batch) and one plain replica, each with a 6-block KV pool,
+behind one gateway whose health checks are too slow to notice a hang first:
 
-- a stream silent past the stall timeout while its replica works through a long chunked prefill
-  is left alone and finishes on that replica (before the probe it would have migrated);
+- two streams on the slowed replica outgrow its pool: the newer is preempted, waits for blocks,
+  then recomputes — silent for seconds past the stall timeout while alive; the gateway asks the
+  replica, is told `preempted`, then `running` and advancing, and leaves it there (before the
+  probe it would have migrated);
 - a stream whose replica hangs (SIGSTOP) continues on the other one within the stall timeout
   plus the probe timeout plus one time to first token."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 
 from benchmarks.reliability.cluster import MODEL, ClusterSpec, LocalCluster, wait_until
 from benchmarks.reliability.migration import StreamRead, migrations, run_streams
@@ -19,12 +24,14 @@ from kvgate.launcher.child import Child
 
 STALL_S = 1.0
 PROBE_S = 1.0
-STEP_DELAY_S = 0.2
-TTFT_SLACK_S = 3.0  # one time to first token on a loaded 2-core machine, with room
+STEP_DELAY_S = 0.1
+TTFT_SLACK_S = 3.0
+KV_BLOCKS = 6  # 96 tokens: two 70-token answers cannot both hold theirs
+ANSWER_TOKENS = 60  # one time to first token on a loaded 2-core machine, with room
 
 
 def stall_spec() -> ClusterSpec:
-    return ClusterSpec(replicas=2, gateways=1, redis=False,
+    return ClusterSpec(replicas=2, gateways=1, redis=False, num_kv_blocks=KV_BLOCKS,
                        engine={"max_num_batched_tokens": 16, "target_itl_ms": 0},
                        gateway={"health_interval_s": 5.0, "failure_threshold": 2,
                                 "circuit_cooldown_s": 1.0, "max_attempts": 3,
@@ -64,25 +71,38 @@ def _ended_well(read: StreamRead, max_tokens: int) -> bool:
             and usage.get("completion_tokens") == max_tokens)
 
 
+def _preemptions(replica: Child) -> float:
+    for line in httpx.get(replica.spec.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("kvgate_num_preemptions_total"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def silent_stream_kept(cluster: LocalCluster) -> ScenarioResult:
-    """A 200-token prompt on the slowed replica: seconds of silence after the role chunk, its
-    request advancing a chunk at a time; the gateway asks, and waits."""
-    result = ScenarioResult("stream silent past the stall timeout, request alive: not migrated")
+    """Two streams on the slowed replica; the second, preempted, is silent and alive."""
+    result = ScenarioResult("stream silent past the stall timeout, request preempted: not migrated")
     slow, other = cluster.replicas
-    before = migrations(cluster)
+    before, preempted = migrations(cluster), _preemptions(slow)
+    url = cluster.gateways[0].spec.url
+    first, second = (StreamRead(url, _body(f"story {i}", ANSWER_TOKENS)) for i in (1, 2))
     _drained(cluster, other, True)
     try:
-        read = StreamRead(cluster.gateways[0].spec.url,
-                          _body("a long document: " + "word " * 200, 4)).run()
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(first.run)
+            first.started.wait(60)
+            pool.submit(second.run).result()
+            running.result()
     finally:
         _drained(cluster, other, False)
-    silence = max((b - a for a, b in zip(read.times, read.times[1:])), default=0.0)
-    result.sent, result.succeeded = 1, int(_ended_well(read, 4))
-    result.failed = int(read.error is not None)
-    result.notes.update({"longest_silence_s": round(silence, 2), "replica": read.replica,
-                         "error": read.error})
+    silence = max((b - a for a, b in zip(second.times, second.times[1:])), default=0.0)
+    result.sent, result.succeeded = 2, sum(_ended_well(r, ANSWER_TOKENS) for r in (first, second))
+    result.failed = sum(r.error is not None for r in (first, second))
+    result.notes.update({"longest_silence_s": round(silence, 2), "replicas": [first.replica, second.replica],
+                         "errors": [first.error, second.error]})
+    result.checks["the replica preempted"] = _preemptions(slow) > preempted
     result.checks["silent longer than the stall timeout"] = silence > STALL_S
-    result.checks["finished on its replica"] = read.replica == _name(slow) and bool(result.succeeded)
+    result.checks["both finished on their replica"] = result.succeeded == 2 and \
+        first.replica == second.replica == _name(slow)
     result.checks["nothing migrated"] = migrations(cluster) == before
     return result
 
