@@ -20,6 +20,7 @@ from tests.gateway import procs
 pytestmark = pytest.mark.timeout(300)
 MAX_TOKENS = 160
 STALL_S = 1.5
+PROBE_S = 1.0  # the stall gateway's probe timeout: a hung replica does not answer it
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def gateways(tmp_path_factory, replicas):
     fast = _gateway(tmp_path_factory, replicas, "fast", health_interval_s=0.3,
                     stream_stall_timeout_s=30.0)
     stall = _gateway(tmp_path_factory, replicas, "stall", health_interval_s=5.0,
-                     stream_stall_timeout_s=STALL_S)
+                     stream_stall_timeout_s=STALL_S, stream_stall_probe_timeout_s=PROBE_S)
     try:
         yield {"fast": fast, "stall": stall}
     finally:
@@ -123,7 +124,7 @@ def test_killed_replica_streams_continue_exactly(replicas, gateways):
         wait_routable(g, killed[0])
 
 
-def test_hung_replica_resumes_within_the_stall_timeout(replicas, gateways):
+def test_hung_replica_resumes_within_the_stall_and_probe_timeouts(replicas, gateways):
     gw = gateways["stall"]
     chats = [body(i) for i in range(10, 13)]
     expected = reference(gw, chats)
@@ -145,7 +146,7 @@ def test_hung_replica_resumes_within_the_stall_timeout(replicas, gateways):
     for c in clients:
         if c.replica == victim.url.removeprefix("http://"):
             gaps = [b - a for a, b in zip(c.times, c.times[1:]) if b > at]
-            assert max(gaps) < STALL_S + 3.0  # the stall timeout plus one TTFT, with slack
+            assert max(gaps) < STALL_S + PROBE_S + 3.0  # stall + probe timeouts, one TTFT
 
 
 def test_past_the_migration_limit_the_client_gets_an_error_event(replicas, gateways):
