@@ -107,10 +107,13 @@ async def _attempts(state: GatewayState, routed: RoutedRequest, tried: set[str] 
                            opened.upstream, opened.lease)
 
 
-def _body_for(routed: RoutedRequest, replica: Replica) -> bytes:
-    if routed.resumable is not None and replica.supports(frozenset({RESUME})):
-        return routed.resumable.first_body()  # with token ids: the stream may migrate
-    return routed.body
+def _upstream_for(routed: RoutedRequest, replica: Replica) -> tuple[str, bytes]:
+    """The path and body a replica gets."""
+    migrates = routed.resumable
+    if migrates is not None and replica.supports(frozenset({RESUME})):
+        # with token ids: the stream may migrate
+        return migrates.path or routed.path, migrates.first_body()
+    return routed.path, routed.body
 
 
 def _prefers(decision: Decision) -> bool:
@@ -157,8 +160,8 @@ async def _open(state: GatewayState, routed: RoutedRequest, tried: set[str] | No
         sent = time.perf_counter()
         lease = _keep_lease(state, decision)
         try:
-            upstream = await open_until_down(state.proxy, replica, routed.path,
-                                              _body_for(routed, replica), routed.headers)
+            upstream = await open_until_down(state.proxy, replica,
+                                              *_upstream_for(routed, replica), routed.headers)
         except UpstreamFailure as failure:
             # a refusal for load frees no place there: nobody queued should be woken for it
             await _release(state, decision, lease, freed=failure.reason != "overloaded")
@@ -263,7 +266,8 @@ def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> R
     async def open_continuation(token_ids: list[int], tried: set[str], n: int) -> Leg | str:
         tokens = routed.prompt_token_ids + token_ids
         continuation = dataclasses.replace(
-            routed, request_id=f"{routed.request_id}-m{n}", body=resumable.continuation_body(token_ids),
+            routed, request_id=f"{routed.request_id}-m{n}", path=resumable.path or routed.path,
+            body=resumable.continuation_body(token_ids),
             hashes=block_hashes(tokens, routed.namespace, state.router.block_size),
             prompt_tokens=len(tokens), features=routed.features | {RESUME}, resumable=None)
         try:
@@ -302,7 +306,10 @@ def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> R
                            None if splice.usage is None else usage_of(splice.usage))
             _finish_request(state, routed, final.replica, final.record, 200)
 
-    return EventStreamResponse(migration.relay(), headers={REPLICA_HEADER: leg.replica.name},
+    events = migration.relay()
+    if resumable.render is not None:  # legs of chat chunks, the client's events of another API
+        events = resumable.render(events)
+    return EventStreamResponse(events, headers={REPLICA_HEADER: leg.replica.name},
                                on_close=on_close)
 
 

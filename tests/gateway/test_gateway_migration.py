@@ -1,6 +1,7 @@
 """Mid-stream migration with real replicas: a replica killed, hung (SIGSTOP) or drained (SIGTERM)
 while it streams greedy answers — every client still receives exactly the uninterrupted text,
-one finish_reason and the usage of an uninterrupted run; past the migration limit the client gets
+one finish_reason and the usage of an uninterrupted run (Anthropic Messages streams too: their
+events are the replica's own); past the migration limit the client gets
 a clean OpenAI error event; streams from replicas that cannot resume (foreign engines) end with
 the error event as before."""
 
@@ -124,6 +125,54 @@ def test_killed_replica_streams_continue_exactly(replicas, gateways):
         wait_routable(g, killed[0])
 
 
+class MessagesRead(StreamRead):
+    """A client of Anthropic's Messages API: text deltas, stop reasons, usage."""
+
+    def __init__(self, base_url: str, payload: dict) -> None:
+        super().__init__(base_url, payload)
+        self.path = "/v1/messages"
+
+    def answer(self) -> dict:
+        text = "".join(e["delta"].get("text", "") for e in self.events
+                       if e["type"] == "content_block_delta")
+        finishes = [e["delta"]["stop_reason"] for e in self.events if e["type"] == "message_delta"]
+        return {"text": text, "calls": {}, "finishes": finishes,
+                "types": [e["type"] for e in self.events]}
+
+    @property
+    def error(self) -> dict | None:
+        return next((e["error"] for e in self.events if e["type"] == "error"), None)
+
+
+def test_killed_replica_messages_streams_continue_exactly(replicas, gateways):
+    gw = gateways["fast"]
+    payloads = [{"model": procs.MODEL, "max_tokens": MAX_TOKENS, "stream": True, "temperature": 0,
+                 "messages": [{"role": "user", "content": f"message story {i}"}]} for i in range(4)]
+    uninterrupted = run_streams([(gw.url, p) for p in payloads], reader=MessagesRead)
+    direct = MessagesRead(replicas[0].url, payloads[0]).run()  # the replica's own events
+    assert direct.answer() == uninterrupted[0].answer() and direct.answer()["text"]
+    before = migrations(gw, "disconnect") + migrations(gw, "down")
+    killed = []
+
+    def kill(clients):
+        killed.append(victim_of(replicas, clients))
+        killed[0].kill()
+
+    clients = run_streams([(gw.url, p) for p in payloads], kill, reader=MessagesRead)
+    for c, u in zip(clients, uninterrupted):
+        assert c.error is None and c.answer() == u.answer()
+        assert c.answer()["types"].count("message_stop") == 1
+        assert _message_usage(c)["output_tokens"] == _message_usage(u)["output_tokens"]
+    assert migrations(gw, "disconnect") + migrations(gw, "down") > before
+    killed[0].start()
+    for g in gateways.values():
+        wait_routable(g, killed[0])
+
+
+def _message_usage(read: StreamRead) -> dict:
+    return next(e["usage"] for e in read.events if e["type"] == "message_delta")
+
+
 def test_hung_replica_resumes_within_the_stall_and_probe_timeouts(replicas, gateways):
     gw = gateways["stall"]
     chats = [body(i) for i in range(10, 13)]
@@ -215,3 +264,4 @@ def test_draining_replica_hands_its_streams_over_before_its_deadline(replicas, g
     assert time.monotonic() - at < 30
     victim.proc.wait(timeout=30)  # its streams gone, the replica ends long before its deadline
     victim.proc = None  # the last test: no need to bring it back
+
