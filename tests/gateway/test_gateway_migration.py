@@ -1,7 +1,7 @@
 """Mid-stream migration with real replicas: a replica killed, hung (SIGSTOP) or drained (SIGTERM)
 while it streams greedy answers — every client still receives exactly the uninterrupted text,
-one finish_reason and the usage of an uninterrupted run (Anthropic Messages streams too: their
-events are the replica's own); past the migration limit the client gets
+one finish_reason and the usage of an uninterrupted run (Anthropic Messages and Responses API streams
+too: their events are the replica's own); past the migration limit the client gets
 a clean OpenAI error event; streams from replicas that cannot resume (foreign engines) end with
 the error event as before."""
 
@@ -125,32 +125,47 @@ def test_killed_replica_streams_continue_exactly(replicas, gateways):
         wait_routable(g, killed[0])
 
 
-class MessagesRead(StreamRead):
-    """A client of Anthropic's Messages API: text deltas, stop reasons, usage."""
+class RenderedRead(StreamRead):
+    """A client of Anthropic's Messages API or of OpenAI's Responses API (a payload with
+    `input`): text deltas, how it ended, usage, the event types in order."""
 
     def __init__(self, base_url: str, payload: dict) -> None:
         super().__init__(base_url, payload)
-        self.path = "/v1/messages"
+        self.path = "/v1/responses" if "input" in payload else "/v1/messages"
 
     def answer(self) -> dict:
-        text = "".join(e["delta"].get("text", "") for e in self.events
-                       if e["type"] == "content_block_delta")
-        finishes = [e["delta"]["stop_reason"] for e in self.events if e["type"] == "message_delta"]
+        deltas = ("content_block_delta", "response.output_text.delta")
+        text = "".join(e["delta"]["text"] if e["type"] == deltas[0] else e["delta"]
+                       for e in self.events if e["type"] in deltas)
+        finishes = [e["delta"]["stop_reason"] if e["type"] == "message_delta" else
+                    e["response"]["status"] for e in self.events
+                    if e["type"] in ("message_delta", "response.completed", "response.incomplete")]
         return {"text": text, "calls": {}, "finishes": finishes,
                 "types": [e["type"] for e in self.events]}
 
     @property
     def error(self) -> dict | None:
-        return next((e["error"] for e in self.events if e["type"] == "error"), None)
+        return next((e["error"] for e in self.events if e.get("error")), None)
+
+    @property
+    def usage(self) -> dict:
+        end = self.events[-2] if self.path == "/v1/messages" else self.events[-1]["response"]
+        usage = end["usage"]  # Anthropic's input_tokens leave out the cached ones
+        prompt = usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0) \
+            + (usage.get("cache_creation_input_tokens") or 0)
+        return {"output": usage["output_tokens"], "prompt": prompt}
 
 
-def test_killed_replica_messages_streams_continue_exactly(replicas, gateways):
+def test_killed_replica_messages_and_responses_streams_continue_exactly(replicas, gateways):
     gw = gateways["fast"]
     payloads = [{"model": procs.MODEL, "max_tokens": MAX_TOKENS, "stream": True, "temperature": 0,
-                 "messages": [{"role": "user", "content": f"message story {i}"}]} for i in range(4)]
-    uninterrupted = run_streams([(gw.url, p) for p in payloads], reader=MessagesRead)
-    direct = MessagesRead(replicas[0].url, payloads[0]).run()  # the replica's own events
-    assert direct.answer() == uninterrupted[0].answer() and direct.answer()["text"]
+                 "messages": [{"role": "user", "content": f"message story {i}"}]} for i in range(3)]
+    payloads += [{"model": procs.MODEL, "max_output_tokens": MAX_TOKENS, "stream": True,
+                  "temperature": 0, "input": f"response story {i}"} for i in range(3)]
+    uninterrupted = run_streams([(gw.url, p) for p in payloads], reader=RenderedRead)
+    for i in (0, 3):  # the replica's own events: the gateway renders the same
+        direct = RenderedRead(replicas[0].url, payloads[i]).run()
+        assert direct.answer() == uninterrupted[i].answer() and direct.answer()["text"]
     before = migrations(gw, "disconnect") + migrations(gw, "down")
     killed = []
 
@@ -158,19 +173,14 @@ def test_killed_replica_messages_streams_continue_exactly(replicas, gateways):
         killed.append(victim_of(replicas, clients))
         killed[0].kill()
 
-    clients = run_streams([(gw.url, p) for p in payloads], kill, reader=MessagesRead)
+    clients = run_streams([(gw.url, p) for p in payloads], kill, reader=RenderedRead)
     for c, u in zip(clients, uninterrupted):
         assert c.error is None and c.answer() == u.answer()
-        assert c.answer()["types"].count("message_stop") == 1
-        assert _message_usage(c)["output_tokens"] == _message_usage(u)["output_tokens"]
+        assert len(c.answer()["finishes"]) == 1 and c.usage == u.usage
     assert migrations(gw, "disconnect") + migrations(gw, "down") > before
     killed[0].start()
     for g in gateways.values():
         wait_routable(g, killed[0])
-
-
-def _message_usage(read: StreamRead) -> dict:
-    return next(e["usage"] for e in read.events if e["type"] == "message_delta")
 
 
 def test_hung_replica_resumes_within_the_stall_and_probe_timeouts(replicas, gateways):
