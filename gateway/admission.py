@@ -12,8 +12,8 @@ import uuid
 from collections.abc import Mapping
 
 from gateway.config import ApiKey
-from gateway.forward import RoutedRequest
 from gateway.chat_rendered import resumable_rendered
+from gateway.forward import RoutedRequest
 from gateway.resumable import resumable
 from gateway.priority import effective_priority
 from gateway.state import GatewayState

@@ -52,7 +52,7 @@ class GatewayConfig:
     # a stream silent this long has failed (0: read_timeout_s) — unless its replica, asked, says
     # the request is still advancing or queued there (gateway/stall_probe.py)
     stream_stall_timeout_s: float = 30.0
-    stream_stall_probe_timeout_s: float = 2.0  # a replica that does not answer that question within it is hung
+    stream_stall_probe_timeout_s: float = 2.0  # no answer to that question within it: hung
     retry_backoff_s: float = 0.02  # base of the jittered backoff between attempts
     health_interval_s: float = 1.0  # seconds between GET /health of every replica
     failure_threshold: int = 3  # consecutive failures that open a replica's circuit

@@ -1,9 +1,9 @@
 """Mid-stream migration: a kvgate replica's stream that breaks after its first byte (the
 connection drops, the replica sends an error event or starts draining, the health checks find
 it down, or it stalls: silent, and not busy with the request by its own account, stall_probe.py)
-is continued on another replica that
-serves the model, from the token ids the client already has the text of (`resume_token_ids`),
-and spliced into the client's stream (stream_splice.py) — at most `migration_limit` times.
+is continued on another replica that serves the model, from the token ids the client already
+has the text of (`resume_token_ids`), and spliced into the client's stream (stream_splice.py)
+— at most `migration_limit` times.
 The continuation is an ordinary routed request (forward.py opens it with the cost model)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 kvgate replica for token ids (`return_token_ids`), a continuation resumes from them
 (`resume_token_ids`) with the original request's sampling, seed and max_tokens (the resumed
 tokens count against it). Every leg streams chat (or completions) chunks; a request of another
-API (messages_stream.py) names the chat path its legs take and renders the spliced chunks."""
+API (chat_rendered.py) names the chat path its legs take and renders the spliced chunks."""
 
 from __future__ import annotations
 
