@@ -24,6 +24,7 @@ from backend_engine.errors import EngineDeadError, EngineOverloadedError
 from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.outputs import RequestOutput
 from backend_engine.pins import Pin
+from backend_engine.request_progress import FINISHED, WAITING, RequestProgress, progress_of
 from backend_engine.sampling_params import SamplingParams
 from routing.hashing import NAMESPACE_RULE, namespace_for
 
@@ -156,6 +157,21 @@ class AsyncLLMEngine:
             if not finished:  # the consumer went away (disconnect, cancel): free at once
                 self._commands.put(("abort", request_id))
                 self._wake.set()
+
+    def progress(self, request_ids: list[str]) -> RequestProgress | None:
+        """Where these engine requests stand (request_progress.py); None: none is known here.
+        Read without the engine thread, so a long or hung step cannot delay the answer."""
+        seqs, unread = [], False
+        for request_id in request_ids:
+            state = self.engine.requests.get(request_id)
+            if state is not None:
+                seqs += state.seqs
+            elif request_id in self._streams:  # ended, its outputs not yet read; or not yet added
+                unread = True
+        found = progress_of(seqs)
+        if found is None and unread:
+            return RequestProgress(WAITING if self._queued() else FINISHED, 0, 0, 0, 0, 0.0)
+        return found
 
     async def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))

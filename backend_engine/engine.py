@@ -336,6 +336,7 @@ class LLMEngine:
                 seq.num_computed_tokens += n
             seq.spec_token_ids = []
             seq.spec_draft_probs = None
+            seq.progress_time = now
             state = self.requests.get(seq.request_id)
             reason = None
             if result is not None and state is not None:

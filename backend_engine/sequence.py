@@ -43,6 +43,7 @@ class Sequence:
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    progress_time: float | None = None  # the end of the last step that computed its tokens
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     generator: Any = None  # torch.Generator when the request has a seed (runner-owned)

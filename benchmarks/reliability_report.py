@@ -1,5 +1,6 @@
 """Reliability and security report: the fault scenarios (mid-stream migration among them: 50
-concurrent streams with a replica killed, hung or drained), bad input, schema fuzzing, the security
+concurrent streams with a replica killed, hung or drained; stall detection: a silent but alive
+stream kept, a hung replica's stream moved), bad input, schema fuzzing, the security
 checks and a soak at moderate load, on local clusters of tiny-model replicas (2 replicas,
 2 gateways and Redis for the faults and the soak). Prints a table, then one line of JSON:
 {"requests_lost", "scenarios_passed", "scenarios_total", "fuzz_5xx", "rss_growth_mb"}.
@@ -27,6 +28,7 @@ from benchmarks.reliability.replica_faults import replica_hung, replica_killed, 
 from benchmarks.reliability.result import ScenarioResult
 from benchmarks.reliability.security import security, secured_spec
 from benchmarks.reliability.soak import soak
+from benchmarks.reliability.stall import hung_stream_moves, silent_stream_kept, stall_cluster
 from benchmarks.reliability.state_faults import client_disconnects, gateway_killed, redis_restarted
 
 
@@ -67,6 +69,10 @@ def run_all(soak_s: float, fuzz_examples: int, say=print) -> list[ScenarioResult
                          lambda: bad_input(cluster.gateways[0].spec.url, cluster.replicas[0].spec.url,
                                            MAX_BODY_BYTES),
                          lambda: fuzz(cluster.gateways[0].spec.url, cluster.replicas[0].spec.url, fuzz_examples)):
+            results.append(_run(cluster, scenario, say))
+    say("cluster: 1 slowed replica and 1 plain one (6-block KV pools), 1 gateway with slow health checks")
+    with stall_cluster() as cluster:
+        for scenario in (lambda: silent_stream_kept(cluster), lambda: hung_stream_moves(cluster)):
             results.append(_run(cluster, scenario, say))
     say("cluster: 1 replica with a 24-block KV pool, 1 gateway")
     with LocalCluster(pool_exhaustion.pool_spec()) as cluster:

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Mapping
 
 from gateway.config import ApiKey
+from gateway.chat_rendered import resumable_rendered
 from gateway.forward import RoutedRequest
 from gateway.resumable import resumable
 from gateway.priority import effective_priority
@@ -178,6 +179,8 @@ async def admit(state: GatewayState, key: ApiKey | None, raw: bytes, path: str,
     if state.config.migration_limit > 0 and isinstance(req, (ChatCompletionRequest, CompletionRequest)):
         migrates = resumable({**data, **changes}, req.n or 1, single_prompt, bool(req.stream),
                              req.include_usage)
+    elif state.config.migration_limit > 0:  # a Messages or Responses request
+        migrates = resumable_rendered(req, path, changes)
     return RoutedRequest(request_id, endpoint, path, body, forwarded_headers(headers),
                          req.model, bool(req.stream), hashes, len(tokens), started, priority,
                          single_prompt=single_prompt, features=features,

@@ -49,7 +49,10 @@ class GatewayConfig:
     replica_engines: dict[str, str] = field(default_factory=dict)
     max_attempts: int = 3  # replicas tried per request before the first byte
     migration_limit: int = 1  # continuations of one stream on other replicas after it broke; 0: none
-    stream_stall_timeout_s: float = 30.0  # a stream silent this long has failed (0: read_timeout_s)
+    # a stream silent this long has failed (0: read_timeout_s) — unless its replica, asked, says
+    # the request is still advancing or queued there (gateway/stall_probe.py)
+    stream_stall_timeout_s: float = 30.0
+    stream_stall_probe_timeout_s: float = 2.0  # no answer to that question within it: hung
     retry_backoff_s: float = 0.02  # base of the jittered backoff between attempts
     health_interval_s: float = 1.0  # seconds between GET /health of every replica
     failure_threshold: int = 3  # consecutive failures that open a replica's circuit
@@ -167,6 +170,8 @@ def validate(config: GatewayConfig) -> GatewayConfig:
         raise ConfigError("max_attempts must be at least 1")
     if config.migration_limit < 0 or config.stream_stall_timeout_s < 0:
         raise ConfigError("migration_limit and stream_stall_timeout_s must not be negative")
+    if config.stream_stall_probe_timeout_s <= 0:
+        raise ConfigError("stream_stall_probe_timeout_s must be positive")
     if config.lease_s <= 0:
         raise ConfigError("lease_s must be positive")
     if config.failure_threshold < 1:

@@ -25,6 +25,7 @@ from gateway.migration import Interrupted, Migration, next_chunk
 from gateway.overload_queue import QueueFull, QueueTimeout
 from gateway.replicas import Replica, role_exclusions
 from gateway.state import GatewayState
+from gateway.stall_probe import silence_watch
 from gateway.stats import DecisionRecord
 from gateway.stream_splice import StreamSplice
 from gateway.upstream import UpstreamFailure, UsageScanner, open_until_down, usage_of
@@ -106,10 +107,13 @@ async def _attempts(state: GatewayState, routed: RoutedRequest, tried: set[str] 
                            opened.upstream, opened.lease)
 
 
-def _body_for(routed: RoutedRequest, replica: Replica) -> bytes:
-    if routed.resumable is not None and replica.supports(frozenset({RESUME})):
-        return routed.resumable.first_body()  # with token ids: the stream may migrate
-    return routed.body
+def _upstream_for(routed: RoutedRequest, replica: Replica) -> tuple[str, bytes]:
+    """The path and body a replica gets."""
+    migrates = routed.resumable
+    if migrates is not None and replica.supports(frozenset({RESUME})):
+        # with token ids: the stream may migrate
+        return migrates.path or routed.path, migrates.first_body()
+    return routed.path, routed.body
 
 
 def _prefers(decision: Decision) -> bool:
@@ -156,8 +160,8 @@ async def _open(state: GatewayState, routed: RoutedRequest, tried: set[str] | No
         sent = time.perf_counter()
         lease = _keep_lease(state, decision)
         try:
-            upstream = await open_until_down(state.proxy, replica, routed.path,
-                                              _body_for(routed, replica), routed.headers)
+            upstream = await open_until_down(state.proxy, replica,
+                                              *_upstream_for(routed, replica), routed.headers)
         except UpstreamFailure as failure:
             # a refusal for load frees no place there: nobody queued should be woken for it
             await _release(state, decision, lease, freed=failure.reason != "overloaded")
@@ -229,8 +233,9 @@ def _stream(state: GatewayState, routed: RoutedRequest, replica: Replica, decisi
         first = True
         notice = replica.watch_stream(frozenset({"down"}))  # a drain gives it its grace period
         chunks = upstream.aiter_raw()
+        watch = silence_watch(state.config, state.client, replica.url, upstream)
         try:
-            while (chunk := await next_chunk(chunks, notice, state.config.stream_stall_timeout_s)) is not None:
+            while (chunk := await next_chunk(chunks, notice, watch)) is not None:
                 if first:
                     first = False
                     await _first_byte(state, routed, decision, record)
@@ -261,7 +266,8 @@ def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> R
     async def open_continuation(token_ids: list[int], tried: set[str], n: int) -> Leg | str:
         tokens = routed.prompt_token_ids + token_ids
         continuation = dataclasses.replace(
-            routed, request_id=f"{routed.request_id}-m{n}", body=resumable.continuation_body(token_ids),
+            routed, request_id=f"{routed.request_id}-m{n}", path=resumable.path or routed.path,
+            body=resumable.continuation_body(token_ids),
             hashes=block_hashes(tokens, routed.namespace, state.router.block_size),
             prompt_tokens=len(tokens), features=routed.features | {RESUME}, resumable=None)
         try:
@@ -286,7 +292,9 @@ def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> R
         state.stats.record_migration(cause, outcome)
 
     migration = Migration(splice, leg, state.config.migration_limit,
-                          state.config.stream_stall_timeout_s, record, open_continuation,
+                          lambda of: silence_watch(state.config, state.client, of.replica.url,
+                                                   of.upstream),
+                          record, open_continuation,
                           lambda failed, why: _close_leg(state, routed, failed, why), first_byte)
 
     async def on_close() -> None:
@@ -298,7 +306,10 @@ def _migrating_stream(state: GatewayState, routed: RoutedRequest, leg: Leg) -> R
                            None if splice.usage is None else usage_of(splice.usage))
             _finish_request(state, routed, final.replica, final.record, 200)
 
-    return EventStreamResponse(migration.relay(), headers={REPLICA_HEADER: leg.replica.name},
+    events = migration.relay()
+    if resumable.render is not None:  # legs of chat chunks, the client's events of another API
+        events = resumable.render(events)
+    return EventStreamResponse(events, headers={REPLICA_HEADER: leg.replica.name},
                                on_close=on_close)
 
 

@@ -1,8 +1,9 @@
 """Mid-stream migration: a kvgate replica's stream that breaks after its first byte (the
 connection drops, the replica sends an error event or starts draining, the health checks find
-it down, or no byte comes for `stream_stall_timeout_s`) is continued on another replica that
-serves the model, from the token ids the client already has the text of (`resume_token_ids`),
-and spliced into the client's stream (stream_splice.py) — at most `migration_limit` times.
+it down, or it stalls: silent, and not busy with the request by its own account, stall_probe.py)
+is continued on another replica that serves the model, from the token ids the client already
+has the text of (`resume_token_ids`), and spliced into the client's stream (stream_splice.py)
+— at most `migration_limit` times.
 The continuation is an ordinary routed request (forward.py opens it with the cost model)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from gateway.stall_probe import SilenceWatch
 from gateway.stream_splice import SHUTTING_DOWN, ReplicaErrorEvent, StreamSplice
 from protocol.errors import APIError
 from protocol.sse import DONE, sse_error
@@ -31,25 +33,31 @@ class Interrupted(Exception):
 
 
 async def next_chunk(chunks: AsyncIterator[bytes], notice: asyncio.Future,
-                     stall_s: float) -> bytes | None:
-    """The replica's next bytes (None at the end), or Interrupted: no bytes for `stall_s`
-    (0: no limit), or `notice` resolved with a cause (the health checks' news of the replica)."""
+                     watch: SilenceWatch) -> bytes | None:
+    """The replica's next bytes (None at the end), or Interrupted: a stall (silence that the
+    replica, asked, does not explain: stall_probe.py), or `notice` resolved with a cause (the
+    health checks' news of the replica)."""
     read = asyncio.ensure_future(chunks.__anext__())
+    loop = asyncio.get_running_loop()
+    since = loop.time()
     try:
-        done, _ = await asyncio.wait((read, notice), timeout=stall_s or None,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            await asyncio.wait((read, notice), timeout=watch.stall_s or None,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if read.done() or notice.done() or not await watch.still_alive(loop.time() - since):
+                break
     except BaseException:  # cancelled: the client left
         read.cancel()
         await asyncio.gather(read, return_exceptions=True)
         raise
-    if read in done:
+    if read.done():
         try:
             return read.result()
         except StopAsyncIteration:
             return None
     read.cancel()
     await asyncio.gather(read, return_exceptions=True)
-    raise Interrupted(notice.result() if notice in done else "stall")
+    raise Interrupted(notice.result() if notice.done() else "stall")
 
 
 def _cause(exc: BaseException) -> str:
@@ -67,7 +75,7 @@ class Migration:
     splice: StreamSplice
     current: Leg | None
     limit: int
-    stall_s: float
+    watch: Callable[[Leg], SilenceWatch]  # how long each leg's stream may stay silent
     record: Callable[[str, str], None]  # (cause, outcome): metrics and the dashboard's stats
     open_continuation: Callable[[list[int], set[str], int], Awaitable[Leg | str]]
     close_failed: Callable[[Leg, str], Awaitable[None]]
@@ -81,10 +89,11 @@ class Migration:
             tried.add(leg.replica.name)
             notice = leg.replica.watch_stream()
             chunks = leg.upstream.aiter_raw()
+            watch = self.watch(leg)
             first = True
             try:
                 while not self.splice.done:
-                    data = await next_chunk(chunks, notice, self.stall_s)
+                    data = await next_chunk(chunks, notice, watch)
                     if data is None:
                         raise httpx.RemoteProtocolError("the stream ended before [DONE]")
                     if first:

@@ -1,11 +1,13 @@
 """Which requests may migrate mid-stream, and the bodies their legs send: the first asks a
 kvgate replica for token ids (`return_token_ids`), a continuation resumes from them
 (`resume_token_ids`) with the original request's sampling, seed and max_tokens (the resumed
-tokens count against it)."""
+tokens count against it). Every leg streams chat (or completions) chunks; a request of another
+API (chat_rendered.py) names the chat path its legs take and renders the spliced chunks."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 
@@ -15,6 +17,9 @@ class Resumable:
     data: dict  # the body as forwarded, parsed
     include_usage: bool
     keep_token_ids: bool  # the client asked for return_token_ids itself
+    path: str | None = None  # where the legs go, when not the request's own path
+    # the spliced chunks → the client's events (None: the chunks as they are)
+    render: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None
 
     def first_body(self) -> bytes:
         """What a replica that can resume gets: the body asking for token ids."""

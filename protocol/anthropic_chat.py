@@ -37,6 +37,17 @@ def reasoning_of(message: Any) -> str | None:
 def to_chat(req: MessagesBase, stream_usage: bool = False) -> ChatCompletionRequest:
     """The same request as a chat completion (validated as one). `stream_usage`: a stream asks
     for usage on every chunk, which the event translation reads."""
+    try:
+        return parse_request(ChatCompletionRequest, chat_body(req, stream_usage))
+    except APIError as err:  # chat's checks name chat's fields: name the client's
+        err.message = _CHAT_FIELD.sub(_client_field, err.message)
+        err.param = err.param and _CHAT_FIELD.sub(_client_field, err.param)
+        err.args = (err.message,)
+        raise
+
+
+def chat_body(req: MessagesBase, stream_usage: bool = False) -> dict[str, Any]:
+    """`to_chat`'s request as the JSON body of a chat completion (not yet validated)."""
     body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
     last = req.messages[-1]
     if last.role == "assistant" and all(b.type == "text" for b in last.blocks()):
@@ -55,13 +66,7 @@ def to_chat(req: MessagesBase, stream_usage: bool = False) -> ChatCompletionRequ
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type != "disabled"}
     if isinstance(req, MessagesRequest):
         body.update(_sampling(req, stream_usage))
-    try:
-        return parse_request(ChatCompletionRequest, body)
-    except APIError as err:  # chat's checks name chat's fields: name the client's
-        err.message = _CHAT_FIELD.sub(_client_field, err.message)
-        err.param = err.param and _CHAT_FIELD.sub(_client_field, err.param)
-        err.args = (err.message,)
-        raise
+    return body
 
 
 def _client_field(match: re.Match) -> str:

@@ -183,6 +183,10 @@ class ResponsesRequest(StrictModel):
 
     def to_chat(self) -> ChatCompletionRequest:
         """The same request as a chat completion (validated as one)."""
+        return parse_request(ChatCompletionRequest, self.chat_body())
+
+    def chat_body(self) -> dict[str, Any]:
+        """`to_chat`'s request as the JSON body of a chat completion (not yet validated)."""
         body: dict[str, Any] = {"model": self.model, "messages": self.chat_messages(),
                                 "stream": bool(self.stream)}
         optional = {"max_completion_tokens": self.max_output_tokens,
@@ -203,7 +207,7 @@ class ResponsesRequest(StrictModel):
             body["response_format"] = {"type": fmt.type} if fmt.type == "json_object" else {
                 "type": "json_schema", "json_schema": fmt.model_dump(
                     by_alias=True, exclude_none=True, exclude={"type"})}
-        return parse_request(ChatCompletionRequest, body)
+        return body
 
 
 def _item_before_is_message(items: list[InputItem], i: int) -> bool:

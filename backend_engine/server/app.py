@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from backend_engine.server import (chat, completions, info_routes, kv_routes, messages,
-                                   model_routes, ops_routes, pin_routes, responses,
-                                   tokenize_routes, tokenizer_bundle_routes)
+                                   model_routes, ops_routes, pin_routes, request_routes,
+                                   responses, tokenize_routes, tokenizer_bundle_routes)
 from backend_engine.server.kv_events_config import KVEventsConfig
 from backend_engine.server.metrics import HTTPMetricsMiddleware, ServerMetrics
 from backend_engine.server.settings import ServerSettings
@@ -68,7 +68,7 @@ def create_app(settings: ServerSettings, engine_factory: Callable[[], "AsyncLLME
     app.state.metrics = metrics
     install_error_handlers(app)
     for module in (chat, completions, responses, messages, model_routes, tokenize_routes, ops_routes, kv_routes,
-                   pin_routes, info_routes, tokenizer_bundle_routes):
+                   pin_routes, request_routes, info_routes, tokenizer_bundle_routes):
         app.include_router(module.router)
     document_bodies(app, {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
                           "/v1/responses": ResponsesRequest, "/v1/messages": MessagesRequest,

@@ -254,6 +254,7 @@ class HTTPMetricsMiddleware:
         path = scope.get("path", "")
         route = path if path in _ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/")
                                              else "/admin/pins/{id}" if path.startswith("/admin/pins/")
+                                             else "/v1/requests/{id}" if path.startswith("/v1/requests/")
                                              else "other")
 
         async def counting_send(message: Message) -> None:

@@ -105,7 +105,7 @@ async def serve_generation(
     request_ids = [f"{meta.id}-{secrets.token_hex(4)}" for _ in prompts]
     headers = {"x-request-id": meta.id}
     for rid in request_ids:
-        state.admit(rid)
+        state.admit(rid, meta.id)
 
     def release() -> None:
         for rid in request_ids:

@@ -30,6 +30,9 @@ class ServerState:
         self.failure: str | None = None
         self.created = int(time.time())
         self.in_flight: dict[str, float] = {}  # engine request id → arrival time
+        # a response's id (its x-request-id header) → its engine requests (GET /v1/requests/{id})
+        self.by_response_id: dict[str, list[str]] = {}
+        self._response_of: dict[str, str] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self.abort_in_flight = asyncio.Event()  # set when a drain's grace period is over
@@ -105,12 +108,21 @@ class ServerState:
 
     # ---- in-flight tracking and draining ----------------------------------------------------
 
-    def admit(self, request_id: str) -> None:
+    def admit(self, request_id: str, response_id: str | None = None) -> None:
         self.in_flight[request_id] = time.monotonic()
         self._idle.clear()
+        if response_id is not None:
+            self.by_response_id.setdefault(response_id, []).append(request_id)
+            self._response_of[request_id] = response_id
 
     def release(self, request_id: str) -> None:
         self.in_flight.pop(request_id, None)
+        response_id = self._response_of.pop(request_id, None)
+        if response_id is not None:
+            siblings = self.by_response_id[response_id]
+            siblings.remove(request_id)
+            if not siblings:
+                del self.by_response_id[response_id]
         if not self.in_flight:
             self._idle.set()
 

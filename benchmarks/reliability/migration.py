@@ -96,9 +96,10 @@ class StreamRead:
         return next((e["error"] for e in self.events if "error" in e), None)
 
 
-def run_streams(payloads: list[tuple[str, dict]], fault=None) -> list[StreamRead]:  # noqa: ANN001
+def run_streams(payloads: list[tuple[str, dict]], fault=None,  # noqa: ANN001
+                reader: type[StreamRead] = StreamRead) -> list[StreamRead]:
     """Every (base_url, payload) at once; `fault(reads)` once each has text flowing."""
-    reads = [StreamRead(url, p) for url, p in payloads]
+    reads = [reader(url, p) for url, p in payloads]
     with ThreadPoolExecutor(len(reads)) as pool:
         futures = [pool.submit(r.run) for r in reads]
         if fault is not None:

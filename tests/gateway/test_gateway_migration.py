@@ -1,6 +1,7 @@
 """Mid-stream migration with real replicas: a replica killed, hung (SIGSTOP) or drained (SIGTERM)
 while it streams greedy answers — every client still receives exactly the uninterrupted text,
-one finish_reason and the usage of an uninterrupted run; past the migration limit the client gets
+one finish_reason and the usage of an uninterrupted run (Anthropic Messages and Responses API streams
+too: their events are the replica's own); past the migration limit the client gets
 a clean OpenAI error event; streams from replicas that cannot resume (foreign engines) end with
 the error event as before."""
 
@@ -20,6 +21,7 @@ from tests.gateway import procs
 pytestmark = pytest.mark.timeout(300)
 MAX_TOKENS = 160
 STALL_S = 1.5
+PROBE_S = 1.0  # the stall gateway's probe timeout: a hung replica does not answer it
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def gateways(tmp_path_factory, replicas):
     fast = _gateway(tmp_path_factory, replicas, "fast", health_interval_s=0.3,
                     stream_stall_timeout_s=30.0)
     stall = _gateway(tmp_path_factory, replicas, "stall", health_interval_s=5.0,
-                     stream_stall_timeout_s=STALL_S)
+                     stream_stall_timeout_s=STALL_S, stream_stall_probe_timeout_s=PROBE_S)
     try:
         yield {"fast": fast, "stall": stall}
     finally:
@@ -123,7 +125,65 @@ def test_killed_replica_streams_continue_exactly(replicas, gateways):
         wait_routable(g, killed[0])
 
 
-def test_hung_replica_resumes_within_the_stall_timeout(replicas, gateways):
+class RenderedRead(StreamRead):
+    """A client of Anthropic's Messages API or of OpenAI's Responses API (a payload with
+    `input`): text deltas, how it ended, usage, the event types in order."""
+
+    def __init__(self, base_url: str, payload: dict) -> None:
+        super().__init__(base_url, payload)
+        self.path = "/v1/responses" if "input" in payload else "/v1/messages"
+
+    def answer(self) -> dict:
+        deltas = ("content_block_delta", "response.output_text.delta")
+        text = "".join(e["delta"]["text"] if e["type"] == deltas[0] else e["delta"]
+                       for e in self.events if e["type"] in deltas)
+        finishes = [e["delta"]["stop_reason"] if e["type"] == "message_delta" else
+                    e["response"]["status"] for e in self.events
+                    if e["type"] in ("message_delta", "response.completed", "response.incomplete")]
+        return {"text": text, "calls": {}, "finishes": finishes,
+                "types": [e["type"] for e in self.events]}
+
+    @property
+    def error(self) -> dict | None:
+        return next((e["error"] for e in self.events if e.get("error")), None)
+
+    @property
+    def usage(self) -> dict:
+        end = self.events[-2] if self.path == "/v1/messages" else self.events[-1]["response"]
+        usage = end["usage"]  # Anthropic's input_tokens leave out the cached ones
+        prompt = usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0) \
+            + (usage.get("cache_creation_input_tokens") or 0)
+        return {"output": usage["output_tokens"], "prompt": prompt}
+
+
+def test_killed_replica_messages_and_responses_streams_continue_exactly(replicas, gateways):
+    gw = gateways["fast"]
+    payloads = [{"model": procs.MODEL, "max_tokens": MAX_TOKENS, "stream": True, "temperature": 0,
+                 "messages": [{"role": "user", "content": f"message story {i}"}]} for i in range(3)]
+    payloads += [{"model": procs.MODEL, "max_output_tokens": MAX_TOKENS, "stream": True,
+                  "temperature": 0, "input": f"response story {i}"} for i in range(3)]
+    uninterrupted = run_streams([(gw.url, p) for p in payloads], reader=RenderedRead)
+    for i in (0, 3):  # the replica's own events: the gateway renders the same
+        direct = RenderedRead(replicas[0].url, payloads[i]).run()
+        assert direct.answer() == uninterrupted[i].answer() and direct.answer()["text"]
+    before = migrations(gw, "disconnect") + migrations(gw, "down")
+    killed = []
+
+    def kill(clients):
+        killed.append(victim_of(replicas, clients))
+        killed[0].kill()
+
+    clients = run_streams([(gw.url, p) for p in payloads], kill, reader=RenderedRead)
+    for c, u in zip(clients, uninterrupted):
+        assert c.error is None and c.answer() == u.answer()
+        assert len(c.answer()["finishes"]) == 1 and c.usage == u.usage
+    assert migrations(gw, "disconnect") + migrations(gw, "down") > before
+    killed[0].start()
+    for g in gateways.values():
+        wait_routable(g, killed[0])
+
+
+def test_hung_replica_resumes_within_the_stall_and_probe_timeouts(replicas, gateways):
     gw = gateways["stall"]
     chats = [body(i) for i in range(10, 13)]
     expected = reference(gw, chats)
@@ -145,7 +205,7 @@ def test_hung_replica_resumes_within_the_stall_timeout(replicas, gateways):
     for c in clients:
         if c.replica == victim.url.removeprefix("http://"):
             gaps = [b - a for a, b in zip(c.times, c.times[1:]) if b > at]
-            assert max(gaps) < STALL_S + 3.0  # the stall timeout plus one TTFT, with slack
+            assert max(gaps) < STALL_S + PROBE_S + 3.0  # stall + probe timeouts, one TTFT
 
 
 def test_past_the_migration_limit_the_client_gets_an_error_event(replicas, gateways):
@@ -214,3 +274,4 @@ def test_draining_replica_hands_its_streams_over_before_its_deadline(replicas, g
     assert time.monotonic() - at < 30
     victim.proc.wait(timeout=30)  # its streams gone, the replica ends long before its deadline
     victim.proc = None  # the last test: no need to bring it back
+
