@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from gateway.forward import RoutedRequest, _prefers, overload_error
 from gateway.overload_queue import Overloaded, QueueFull, QueueTimeout
 from gateway.state import GatewayState
-from protocol.errors import service_unavailable
+from protocol.errors import APIError, service_unavailable
 from routing.policies import Decision, NoReplicaAvailable
 
 Exclusions = Callable[[], Awaitable[set[str]]]  # the replicas the policy may not pick, now
@@ -29,11 +29,15 @@ async def route(state: GatewayState, routed: RoutedRequest, exclude: set[str],
             routed.hashes, routed.prompt_tokens, request_id, session_key=routed.session_key,
             exclude=exclude, priority=routed.priority)
     except NoReplicaAvailable as exc:
-        state.stats.record_request(None, ok=False)
-        state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
-        raise service_unavailable(f"No replica can take this request now: {exc}.") from None
+        raise _no_replica(state, routed, exc) from None
     state.metrics.routing_latency.observe(time.perf_counter() - t0)
     return decision
+
+
+def _no_replica(state: GatewayState, routed: RoutedRequest, exc: NoReplicaAvailable) -> APIError:
+    state.stats.record_request(None, ok=False)
+    state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
+    return service_unavailable(f"No replica can take this request now: {exc}.")
 
 
 async def _one_pass(state: GatewayState, routed: RoutedRequest, exclusions: Exclusions,
@@ -44,14 +48,16 @@ async def _one_pass(state: GatewayState, routed: RoutedRequest, exclusions: Excl
     tried = await exclusions()
     refusals: list[float] = []
     while True:
+        t0 = time.perf_counter()
         try:
             decision = await state.shared.route_hashes(
                 routed.hashes, routed.prompt_tokens, routed.request_id,
                 session_key=routed.session_key, exclude=tried, priority=routed.priority)
-        except NoReplicaAvailable:
+        except NoReplicaAvailable as exc:
             if refusals:
                 return Overloaded(min(refusals))
-            return await route(state, routed, tried, routed.request_id)  # its 503
+            raise _no_replica(state, routed, exc) from None
+        state.metrics.routing_latency.observe(time.perf_counter() - t0)
         over = state.router.load.over_admission_bound(decision.replica, routed.prompt_tokens,
                                                       decision.request_id)
         if over is None:
