@@ -345,6 +345,8 @@ class AsyncLLMEngine:
         load = dict(self._load)
         load["waiting"] += self._queued()
         load["queue_delay_s"] = round(min(self.queue_delay_s(), 1e6), 3)
+        # the admission bound: a router holds back what this replica would refuse (0: none)
+        load["max_queue_delay_s"] = self.config.max_queue_delay_s or 0.0
         return load
 
     def num_free_blocks(self) -> int:

@@ -170,11 +170,13 @@ def quality(args: argparse.Namespace, say) -> dict:
                 summary, _ = asyncio.run(serve_bench.run_load(
                     [tier.url + "/v1"], None, None, jobs, setup.concurrency, None, setup.duration_s,
                     name, cluster.replica_urls))
+                queue = tier.overload_queue()  # requests that waited for a replica with room
         say(format_summary(summary))
         ttft = summary.ttft["p50"]
         out[name] = {"cached_ratio": round(summary.cached_ratio, 4), "ok": summary.ok,
                      "errors": summary.errors, "ttft_p50_ms": None if ttft is None else round(1000 * ttft, 1),
-                     "req_per_s": round(summary.req_per_s, 3)}
+                     "req_per_s": round(summary.req_per_s, 3), "queued": queue["total_queued"],
+                     "queue_timed_out": queue["total_timed_out"], "queue_wait_max_s": queue["wait_max_s"]}
     out["setup"] = {"replicas": args.replicas, "num_kv_blocks": setup.num_kv_blocks,
                     "concurrency": setup.concurrency, "requests": setup.workload.num_requests,
                     "tenants": setup.workload.tenants, "prompt_tokens": setup.workload.prompt_tokens}

@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
+
 from benchmarks.gateway_overhead import _wait
 from kvgate.launcher.envoy import EnvoySettings, envoy_command
 from kvgate.launcher.plan import free_port
@@ -39,6 +41,7 @@ class Tier:
         self.procs: dict[str, subprocess.Popen] = {}
         self.log = Path(tempfile.mkdtemp(prefix=f"kvgate-bench-{self.name}-")) / "tier.log"
         self.url = ""  # the OpenAI base, without /v1
+        self.admin_url = ""  # the gateway's (or picker's) HTTP app: admin API, metrics
 
     def _kvgate(self, command: str, port: int, *extra: str) -> subprocess.Popen:
         args = [sys.executable, "-m", "kvgate.cli", command, "--port", str(port), "--policy", self.policy,
@@ -58,6 +61,11 @@ class Tier:
 
     def start(self) -> None:
         raise NotImplementedError
+
+    def overload_queue(self) -> dict:
+        """The tier's overload queue so far (the gateway's, or the picker's flow control)."""
+        return httpx.get(self.admin_url + "/admin/api/summary", timeout=10,
+                         headers={"Authorization": f"Bearer {self.admin_key}"}).json()["overload_queue"]
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds so far of each of the tier's processes, by name."""
@@ -88,7 +96,7 @@ class GatewayTier(Tier):
     def start(self) -> None:
         port = free_port()
         proc = self._kvgate("gateway", port)
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = self.admin_url = f"http://127.0.0.1:{port}"
         _wait(self.url + "/health", proc, START_TIMEOUT_S)
 
 
@@ -102,7 +110,8 @@ class EnvoyTier(Tier):
     def start(self) -> None:
         http_port, grpc_port = free_port(), free_port()
         picker = self._kvgate("picker", http_port, "--grpc-port", str(grpc_port))
-        _wait(f"http://127.0.0.1:{http_port}/health", picker, START_TIMEOUT_S)
+        self.admin_url = f"http://127.0.0.1:{http_port}"
+        _wait(self.admin_url + "/health", picker, START_TIMEOUT_S)
         port, admin_port = free_port(), free_port()
         settings = EnvoySettings(f"127.0.0.1:{grpc_port}", self.replica_urls, port=port,
                                  admin_port=admin_port, response_body=self.response_body)

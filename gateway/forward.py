@@ -13,7 +13,6 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import httpx
 from starlette.responses import Response
@@ -22,7 +21,7 @@ from gateway.attempts import (Leg, RoutedRequest, _all_failed, _finish_request, 
                               _first_byte, _keep_lease, _note_failure, _observe_usage, _record,
                               _release)
 from gateway.migration import Interrupted, Migration, next_chunk
-from gateway.overload_queue import QueueFull, QueueTimeout
+from gateway.overload_queue import Overloaded, QueueFull, QueueTimeout
 from gateway.replicas import Replica, role_exclusions
 from gateway.state import GatewayState
 from gateway.stall_probe import silence_watch
@@ -47,14 +46,6 @@ def _exclusions(state: GatewayState, model: str, tried: set[str],
         | role_exclusions(list(state.replicas.values()), model, tried)
 
 
-@dataclass(slots=True)
-class Overloaded:
-    """Every replica that could take the request refused it for load (or, for a queued request
-    that may hold on to its prefix, the replica holding the prefix did: `preferred`)."""
-    retry_after_s: float
-    preferred: str | None = None
-
-
 async def forward(state: GatewayState, routed: RoutedRequest,
                   tried: set[str] | None = None) -> Response:
     """`tried`: replicas that already failed this request (a P/D attempt before this one)."""
@@ -70,26 +61,21 @@ async def forward(state: GatewayState, routed: RoutedRequest,
 async def _forward_queued(state: GatewayState, routed: RoutedRequest,
                           refusal: Overloaded | None, tried: set[str] | None) -> Response:
     """Wait in the gateway's overload queue, in arrival order, and retry at its head."""
-    queue = state.overload
     try:
-        async with queue.holding(routed.request_id) as ticket:
-            await queue.wait_turn(ticket)
-            while True:
-                if refusal is not None:
-                    await queue.wait_retry(ticket, refusal.retry_after_s)
-                outcome = await _attempts(state, routed, tried, hold=queue.may_hold(ticket))
-                if not isinstance(outcome, Overloaded):
-                    return outcome
-                refusal = outcome
-                if outcome.preferred is not None:
-                    queue.hold(ticket, outcome.preferred)
+        return await state.overload.serve(
+            routed.request_id, lambda hold: _attempts(state, routed, tried, hold=hold), refusal)
     except (QueueFull, QueueTimeout) as exc:
-        state.stats.record_request(None, ok=False)
-        state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
-        state.metrics.overload_refused.labels(type(exc).__name__).inc()
-        retry = int(max(1.0, refusal.retry_after_s if refusal else 1.0))
-        raise service_unavailable(f"Every replica is at capacity and {exc}; retry later.",
-                                  retry, "gateway_overloaded") from None
+        raise overload_error(state, routed, exc) from None
+
+
+def overload_error(state: GatewayState, routed: RoutedRequest,
+                   exc: QueueFull | QueueTimeout) -> APIError:
+    """The overload queue's answer (full, or waited its maximum): 503 with Retry-After."""
+    state.stats.record_request(None, ok=False)
+    state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
+    state.metrics.overload_refused.labels(type(exc).__name__).inc()
+    return service_unavailable(f"Every replica is at capacity and {exc}; retry later.",
+                               int(max(1.0, exc.retry_after_s)), "gateway_overloaded")
 
 
 async def _attempts(state: GatewayState, routed: RoutedRequest, tried: set[str] | None = None,

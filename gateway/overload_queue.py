@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 MAX_RETRY_WAIT_S = 1.0  # the head re-checks at least this often, whatever Retry-After said
 
@@ -24,9 +26,24 @@ MAX_RETRY_WAIT_S = 1.0  # the head re-checks at least this often, whatever Retry
 class QueueFull(Exception):
     """The overload queue is at capacity."""
 
+    retry_after_s = 1.0  # the last refusal's, for the client's Retry-After
+
 
 class QueueTimeout(Exception):
     """A request waited its maximum and no replica took it."""
+
+    retry_after_s = 1.0
+
+
+@dataclass(slots=True)
+class Overloaded:
+    """Every replica that could take the request refused it for load (or, for a queued request
+    that may hold on to its prefix, the replica holding the prefix did: `preferred`)."""
+    retry_after_s: float
+    preferred: str | None = None
+
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -118,6 +135,28 @@ class OverloadQueue:
         head = self._head()
         if was_head and head is not None:
             head.turn.set()  # the next one retries at once: room may remain
+
+    async def serve(self, request_id: str, attempt: Callable[[bool], Awaitable[T | Overloaded]],
+                    refusal: Overloaded | None = None) -> T:
+        """Wait in line, in arrival order, and at the head call `attempt(hold)` (one pass over
+        the replicas; `hold`: it may keep to its prefix's replica) until it is not refused.
+        `refusal`: the pass that already failed before the request joined. Raises QueueFull or
+        QueueTimeout, carrying the last refusal's Retry-After."""
+        try:
+            async with self.holding(request_id) as ticket:
+                await self.wait_turn(ticket)
+                while True:
+                    if refusal is not None:
+                        await self.wait_retry(ticket, refusal.retry_after_s)
+                    outcome = await attempt(self.may_hold(ticket))
+                    if not isinstance(outcome, Overloaded):
+                        return outcome
+                    refusal = outcome
+                    if outcome.preferred is not None:
+                        self.hold(ticket, outcome.preferred)
+        except (QueueFull, QueueTimeout) as exc:
+            exc.retry_after_s = refusal.retry_after_s if refusal is not None else 1.0
+            raise
 
     async def wait_turn(self, ticket: Ticket) -> None:
         """Until the ticket is at the head of the queue (raises QueueTimeout)."""

@@ -38,6 +38,9 @@ class EngineLoad:
     pending_prefill_tokens: int = 0
     received_at: float = 0.0
     by_priority: dict[int, tuple[int, int, int]] | None = None  # (running, waiting, pending)
+    queue_delay_s: float = 0.0  # the engine's estimate of a new request's wait, when reported
+    max_queue_delay_s: float = 0.0  # its admission bound: it refuses past it (0: never)
+    drain_rate_tok_s: float = 0.0  # prefill tokens per second its queue is retired at
 
     def upto(self, priority: int | None) -> tuple[int, int, int]:
         """(running, waiting, pending prefill tokens) of priority <= `priority` (None: all)."""
@@ -144,6 +147,9 @@ class LoadTracker:
             pending_prefill_tokens=int(report.get("pending_prefill_tokens", 0)),
             received_at=self.clock(),
             by_priority=_by_priority(report.get("by_priority")),
+            queue_delay_s=float(report.get("queue_delay_s") or 0.0),
+            max_queue_delay_s=float(report.get("max_queue_delay_s") or 0.0),
+            drain_rate_tok_s=float(report.get("drain_rate_tok_s") or 0.0),
         )
 
     def view(self, replica: str, priority: int | None = None) -> LoadView:
@@ -153,14 +159,7 @@ class LoadTracker:
         engine = load.engine
         if engine is None or self.clock() - engine.received_at > self.engine_stale_after_s:
             return LoadView(own_in_flight, own_pending, 0, 0.0 if engine is None else engine.kv_usage)
-        newer, newer_pending = 0, 0
-        for booking in reversed(load.bookings.values()):
-            if booking.reserved_at <= engine.received_at:
-                break  # bookings are in reserve order; older ones are in the engine's report
-            if booking.competes_with(priority):
-                newer += 1
-                if booking.prefilling:
-                    newer_pending += booking.prefill_tokens
+        newer, newer_pending = _newer(load, engine, priority)
         running, waiting, pending = engine.upto(priority)
         return LoadView(
             in_flight=max(own_in_flight, running + waiting + newer),
@@ -168,6 +167,32 @@ class LoadTracker:
             waiting=waiting,
             kv_usage=engine.kv_usage,
         )
+
+    def over_admission_bound(self, replica: str, prompt_tokens: int,
+                             request_id: str | None = None) -> float | None:
+        """Would the replica refuse a request of `prompt_tokens` now (its wait for a first
+        token over the engine's admission bound)? The seconds over the bound if so, by the
+        engine's own estimate plus what this gateway booked there since its report (but the
+        request's own booking, `request_id`); None when it would take it, reports no bound,
+        or its report is stale."""
+        load, engine = self._replicas.get(replica), self.engine_report(replica)
+        if load is None or engine is None or engine.max_queue_delay_s <= 0:
+            return None
+        newer, newer_pending = _newer(load, engine, None)
+        others = len(load.bookings)
+        own = load.bookings.get(request_id) if request_id is not None else None
+        if own is not None:
+            others -= 1
+            if own.reserved_at > engine.received_at:
+                newer -= 1
+                newer_pending -= own.prefill_tokens if own.prefilling else 0
+        if engine.running + engine.waiting + newer + others == 0:
+            return None  # an idle replica takes the request at once
+        rate = engine.drain_rate_tok_s
+        delay = (engine.queue_delay_s + (newer_pending + prompt_tokens) / rate if rate > 0
+                 else float("inf"))
+        over = delay - engine.max_queue_delay_s
+        return min(over, 30.0) if over > 0 else None
 
     def restore_cost(self, replica: str) -> float | None:
         """The replica's measured KV-tier restore cost per token, as a share of prefilling it."""
@@ -202,6 +227,20 @@ class LoadTracker:
             for priority, (in_flight, _) in load.by_priority.items():
                 out[priority] = out.get(priority, 0) + in_flight
         return out
+
+
+def _newer(load: _ReplicaLoad, engine: EngineLoad, priority: int | None) -> tuple[int, int]:
+    """This gateway's bookings made after the engine's report (so not in it) that compete
+    with `priority`, and their prefill tokens still to do."""
+    newer, pending = 0, 0
+    for booking in reversed(load.bookings.values()):
+        if booking.reserved_at <= engine.received_at:
+            break  # bookings are in reserve order; older ones are in the engine's report
+        if booking.competes_with(priority):
+            newer += 1
+            if booking.prefilling:
+                pending += booking.prefill_tokens
+    return newer, pending
 
 
 def _by_priority(raw: object) -> dict[int, tuple[int, int, int]] | None:

@@ -19,20 +19,21 @@ from gateway.admission import COUNT_TOKENS_PATH, ENDPOINTS, admit, count_tokens
 from gateway.config import ApiKey
 from gateway.forward import (REPLICA_HEADER, RoutedRequest, _exclusions, _finish_request,
                              _keep_lease, _note_failure, _observe_usage, _record, _release)
-from gateway.picker import gie
+from gateway.picker import flow, gie
 from gateway.picker.endpoints import Endpoints, UnresolvableReplica
 from gateway.replicas import Replica
 from gateway.state import GatewayState
 from gateway.stats import DecisionRecord
 from gateway.upstream import UsageScanner, usage_of
 from protocol.disconnect import CLIENT_CLOSED_REQUEST
-from protocol.errors import APIError, bad_request, model_not_found, not_found, service_unavailable
+from protocol.errors import APIError, bad_request, model_not_found, not_found
 from protocol.http import api_key_of
 from protocol.model_list import ModelCard, ModelList
-from routing.policies import Decision, NoReplicaAvailable
+from routing.policies import Decision
 
 MAX_USAGE_BODY_BYTES = 8 << 20  # a non-streamed answer larger than this is not read for usage
 MAX_FALLBACKS = 3  # endpoints named after the chosen one, for the proxy's retries
+QUEUE_ANSWER_MARGIN_S = 10.0  # past the longest queue wait, for routing once a replica frees
 
 
 @dataclass(slots=True)
@@ -60,6 +61,8 @@ class Exchange:
         self.picked: Picked | None = None
         self.finished = False
         self._scanner = UsageScanner()
+        # messages sent to the proxy before the phase's answer (a longer wait for it, queued)
+        self.interim: asyncio.Queue[ext_proc.ProcessingResponse] = asyncio.Queue()
         self._body = bytearray()
 
     async def handle(self, request: ext_proc.ProcessingRequest) -> ext_proc.ProcessingResponse:
@@ -116,8 +119,8 @@ class Exchange:
             counted = await count_tokens(self.state, body.body)
             return gie.immediate(200, counted.model_dump_json().encode())
         routed = await admit(self.state, self.key, body.body, self.path, self.headers, self.started)
+        picked = await self._pick(routed)
         excluded = await self._excluded(routed)
-        picked = await self._pick(routed, excluded)
         picked.endpoint = await self.endpoints.of(picked.replica.url)
         endpoints = [picked.endpoint, *self._fallbacks(picked.decision, excluded)]
         changed = routed.body is not body.body and routed.body != body.body
@@ -152,19 +155,17 @@ class Exchange:
                 excluded.add(replica.name)
         return excluded
 
-    async def _pick(self, routed: RoutedRequest, excluded: set[str], attempt: int = 1) -> Picked:
+    async def _pick(self, routed: RoutedRequest, excluded: set[str] | None = None,
+                    attempt: int = 1) -> Picked:
+        """Book the request on a replica: the first time on one with room, waiting for one in
+        the overload queue if need be; later (the proxy retried elsewhere) where it was served."""
         state = self.state
-        t0 = time.perf_counter()
-        request_id = routed.request_id if attempt == 1 else f"{routed.request_id}-{attempt}"
-        try:
-            decision = await state.shared.route_hashes(
-                routed.hashes, routed.prompt_tokens, request_id,
-                session_key=routed.session_key, exclude=excluded, priority=routed.priority)
-        except NoReplicaAvailable as exc:
-            state.stats.record_request(None, ok=False)
-            state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
-            raise service_unavailable(f"No replica can take this request now: {exc}.") from None
-        state.metrics.routing_latency.observe(time.perf_counter() - t0)
+        if attempt == 1:
+            decision = await flow.route_with_room(state, routed, lambda: self._excluded(routed),
+                                                  self._queued)
+        else:
+            decision = await flow.route(state, routed, excluded or set(),
+                                        f"{routed.request_id}-{attempt}")
         replica = state.replicas[decision.replica]
         replica.breaker.on_dispatch()
         record = _record(routed, decision, attempt)
@@ -174,6 +175,10 @@ class Exchange:
         state.metrics.decisions.labels(decision.policy, decision.reason.split(":")[0]).inc()
         self.picked = Picked(routed, replica, decision, record, _keep_lease(state, decision))
         return self.picked
+
+    def _queued(self, max_wait_s: float) -> None:
+        """The request waits for room: the proxy is asked to wait for the answer that long."""
+        self.interim.put_nowait(gie.extend_timeout(max_wait_s + QUEUE_ANSWER_MARGIN_S))
 
     async def _served_by(self, endpoint: str) -> None:
         """The proxy retried: the chosen replica refused (503) or could not be reached, and the

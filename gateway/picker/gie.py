@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.struct_pb2 import Struct
 
 from protocol.anthropic_errors import error_body
@@ -90,6 +91,14 @@ def continue_headers(phase: str, set_headers: dict[str, str] | None = None,
 def continue_body(phase: str) -> ext_proc.ProcessingResponse:
     """Let the body chunk pass unchanged ("request_body" or "response_body")."""
     return ext_proc.ProcessingResponse(**{phase: ext_proc.BodyResponse()})
+
+
+def extend_timeout(seconds: float) -> ext_proc.ProcessingResponse:
+    """Ask the proxy to wait up to `seconds` for the answer to the message it sent last (within
+    its `max_message_timeout`): the request waits in the picker's queue."""
+    timeout = Duration()
+    timeout.FromMilliseconds(int(seconds * 1000))
+    return ext_proc.ProcessingResponse(override_message_timeout=timeout)
 
 
 def immediate(status: int, body: bytes, headers: dict[str, str] | None = None,

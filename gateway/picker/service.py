@@ -34,10 +34,36 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):
         self.open_streams += 1
         try:
             async for request in request_iterator:
-                yield await exchange.handle(request)
+                if not request.HasField("request_body"):  # only routing may wait
+                    yield await exchange.handle(request)
+                    continue
+                async for response in _answers(exchange, request):
+                    yield response
         finally:
             self.open_streams -= 1
             await exchange.close()
+
+
+async def _answers(exchange: Exchange, request: ext_proc.ProcessingRequest
+                   ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+    """The answer to one message, preceded by the interim messages the exchange sends while it
+    works on it (a queued request asks the proxy to wait longer). Cancelled (the proxy ended
+    the stream: the client went away), the work is cancelled with it."""
+    answer = asyncio.ensure_future(exchange.handle(request))
+    interim: asyncio.Future | None = None
+    try:
+        while not answer.done():
+            interim = asyncio.ensure_future(exchange.interim.get())
+            await asyncio.wait({answer, interim}, return_when=asyncio.FIRST_COMPLETED)
+            if interim.done():
+                yield interim.result()
+        yield answer.result()
+    finally:
+        if interim is not None and not interim.done():
+            interim.cancel()
+        if not answer.done():
+            answer.cancel()
+            await asyncio.gather(answer, return_exceptions=True)  # its queue place is left
 
 
 async def run_picker(config: GatewayConfig, grpc_address: str) -> None:

@@ -29,6 +29,12 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 FAIL_CLOSED_BODY = ('{"error":{"message":"The endpoint picker chose no replica for this request.",'
                     '"type":"server_error","param":null,"code":"no_endpoint_picked"}}')
 HTTP_FILTERS = "type.googleapis.com/envoy.extensions.filters.http"
+QUEUE_ANSWER_MARGIN_S = 30.0  # over the queue wait: the picker asks for its wait + 10 s
+# Every request holds a stream to the picker (a queued one for minutes), and a busy fleet's
+# refusals are retried: Envoy's default circuit limits (1024 requests, 3 retries at once) are
+# not the bounds here; the picker's queue and the replicas' admission are.
+OPEN_CIRCUIT = {"max_connections": 100000, "max_pending_requests": 100000,
+                "max_requests": 100000, "max_retries": 1000}
 
 
 @dataclass(slots=True)
@@ -40,6 +46,9 @@ class EnvoySettings:
     admin_port: int = 9901
     failure_mode_allow: bool = False  # picker down: True routes by least request, False: 503
     message_timeout_s: float = 5.0  # the longest Envoy waits for one picker answer
+    # a request the picker queues (no replica has room) may wait up to this (the picker's
+    # --max-queue-wait-s): the picker asks for the longer wait, within max_message_timeout
+    queue_wait_s: float = 600.0
     response_body: str = "STREAMED"  # NONE keeps the picker out of the response bytes (no usage)
     max_body_bytes: int = 8 * 1024 * 1024  # as the gateway's; larger bodies get 413
     retries: int = 3  # on a refusal (503) or connect failure: the picker's next endpoints
@@ -66,7 +75,7 @@ def _is_ip(host: str) -> bool:
 def _static_cluster(name: str, endpoints: list[tuple[str, int]], http2: bool = False) -> dict:
     cluster = {"name": name, "type": "STATIC" if all(_is_ip(h) for h, _ in endpoints) else "STRICT_DNS",
                "connect_timeout": "2s", "lb_policy": "LEAST_REQUEST",
-               "per_connection_buffer_limit_bytes": 1 << 20,
+               "per_connection_buffer_limit_bytes": 1 << 20, "circuit_breakers": {"thresholds": [dict(OPEN_CIRCUIT)]},
                "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
                    {"endpoint": {"address": _address(h, p)}} for h, p in endpoints]}]}}
     if http2:
@@ -85,6 +94,8 @@ def _ext_proc(s: EnvoySettings) -> dict:
         "failure_mode_allow": s.failure_mode_allow,
         "status_on_error": {"code": 503},  # fail closed: the picker is unavailable, not broken
         "message_timeout": f"{s.message_timeout_s:g}s",
+        # a queued request's answer comes later: the picker extends its wait (override_message_timeout)
+        "max_message_timeout": f"{s.queue_wait_s + QUEUE_ANSWER_MARGIN_S:g}s",
         "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
                             "request_trailer_mode": "SKIP", "response_header_mode": "SEND",
                             "response_body_mode": s.response_body,
@@ -142,7 +153,8 @@ def _routes(s: EnvoySettings) -> list[dict]:
 def bootstrap(s: EnvoySettings) -> dict:
     hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
            "stat_prefix": "kvgate", "codec_type": "AUTO",
-           "stream_idle_timeout": "600s",  # as the gateway's read timeout: long prefills are silent
+           # as the gateway's read timeout, plus a queued request's silent wait for room
+           "stream_idle_timeout": f"{600 + s.queue_wait_s:g}s",
            "route_config": {"name": "openai", "virtual_hosts": [
                {"name": "openai", "domains": ["*"], "routes": _routes(s)}]},
            "http_filters": [
@@ -197,10 +209,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="retries of a refused (503) or unreachable replica, on the picker's next endpoints")
     p.add_argument("--response-body", default="STREAMED", choices=["STREAMED", "NONE"],
                    help="NONE: the picker sees no response bytes (no usage on its dashboard)")
+    p.add_argument("--queue-wait-s", type=float, default=600.0,
+                   help="the picker's --max-queue-wait-s: how long a queued request's answer may take")
     a = p.parse_args(argv)
     sys.stdout.write(render(EnvoySettings(a.picker, a.replica, a.host, a.port, a.admin_port,
                                           a.failure_mode_allow, response_body=a.response_body,
-                                          retries=a.retries)))
+                                          retries=a.retries, queue_wait_s=a.queue_wait_s)))
     return 0
 
 

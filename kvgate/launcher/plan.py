@@ -212,8 +212,12 @@ def _envoy_spec(config: UpConfig, picker: ChildSpec, replicas: list[ChildSpec]) 
     """Envoy at the first gateway's port, asking `picker` (its argv names the gRPC port)."""
     grpc_port = int(picker.argv[picker.argv.index("--grpc-port") + 1])
     admin_port = free_port("127.0.0.1")
+    # the picker's queue wait (a `gateway:` flag), which Envoy must be willing to wait for
+    wait = next((v for k, v in config.gateway.items()
+                 if str(k).lstrip("-").replace("-", "_") == "max_queue_wait_s"), None)
     settings = EnvoySettings(f"{_client_host(config.host)}:{grpc_port}", [r.url for r in replicas],
-                             host=config.host, port=config.port, admin_port=admin_port)
+                             host=config.host, port=config.port, admin_port=admin_port,
+                             **({} if wait is None else {"queue_wait_s": float(wait)}))
     try:
         argv = envoy_command(settings)
     except FileNotFoundError as exc:

@@ -245,6 +245,21 @@ def test_envoy_takes_the_gateways_port_and_asks_the_picker():
     assert envoy.health_url.endswith("/ready")
 
 
+def test_envoy_waits_as_long_as_the_pickers_queue(tmp_path):
+    import yaml
+
+    path = tmp_path / "up.yaml"
+    path.write_text("gateway:\n  max_queue_wait_s: 45\n")
+    plan = build_plan(config_for("--envoy", "--config", str(path)), gpus=0, cores=2)
+    assert argv_value(plan.gateways[0].argv, "--max-queue-wait-s") == "45"
+    bootstrap = yaml.safe_load(argv_value(plan.envoy.argv, "--config-yaml"))
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")
+    # a queued request's answer may come after its wait (the bootstrap adds 30 s for routing)
+    assert ext_proc["typed_config"]["max_message_timeout"] == "75s"
+    assert ext_proc["typed_config"]["message_timeout"] == "5s"
+
+
 @pytest.mark.parametrize("argv, message", [
     (("--envoy", "--gateways", "2"), "gateways must be 1"),
     (("--envoy", "--prefill-replicas", "1", "--decode-replicas", "1"), "formed by the gateway"),

@@ -1,7 +1,8 @@
 """A replica that refuses for load (503 + Retry-After) behind the real Envoy: the picker names
 its choice and the next best replica, Envoy retries there, and the picker's books follow the
 request to the replica that answered (its decision log shows both attempts; nothing stays
-booked; the refusing replica's circuit stays closed)."""
+booked; the refusing replica's circuit stays closed). The refusal is one the picker cannot
+foresee (a full waiting queue, not the wait for a first token it estimates)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,20 @@ import pytest
 
 from tests.gateway import procs
 from tests.gateway.envoy_procs import Envoy, Picker
-from tests.gateway.test_gateway_overload import PREFIX, REFUSING, Busy
+from tests.gateway.test_gateway_overload import PREFIX, Busy
 
 pytestmark = pytest.mark.timeout(240)
+# one running, one waiting, then 503; no bound on the wait for a first token (which the picker
+# would see coming from the replica's load reports, and route around)
+REFUSING = ("--max-num-seqs", "1", "--max-waiting", "1", "--max-queue-delay-s", "0")
+
+
+class Waiting(Busy):
+    """A long stream that waits behind a Busy one (its thread ends once it runs)."""
+
+    def __enter__(self) -> "Waiting":
+        self.thread.start()
+        return self
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +58,15 @@ def test_a_refused_request_is_retried_on_the_pickers_next_endpoint(fleet):
         assert chat(refusing.url, prefix).status_code == 200
         assert procs.wait_until(lambda: chat(envoy.url, prefix + " again").headers.get(
             "x-kvgate-replica") == name(refusing), 20)
-        with Busy(refusing.url):
+        busy, waiting = Busy(refusing.url).__enter__(), Waiting(refusing.url).__enter__()
+        try:
+            assert procs.wait_until(lambda: {r["name"]: r["engine_waiting"] for r in procs.admin(
+                picker, "/replicas").json()["data"]}[name(refusing)] == 1, 20)
             assert chat(refusing.url, prefix + " direct").status_code == 503  # it does refuse now
             r = chat(envoy.url, prefix + " once more", stream=stream)
+        finally:
+            busy.__exit__()
+            waiting.__exit__()
         assert r.status_code == 200, r.text
         assert r.headers["x-kvgate-replica"] == name(plain)
         assert "x-kvgate-upstream" not in r.headers  # the picker's own header stays inside

@@ -64,3 +64,25 @@ def test_stale_engine_report_is_ignored():
     t.observe_engine("a", {"running": 50, "waiting": 10})
     clock.now = 6.0
     assert t.view("a").in_flight == 0
+
+
+def test_admission_bound_is_predicted_from_the_engines_estimate_and_newer_bookings():
+    t, clock = tracker()
+    report = {"running": 1, "waiting": 0, "pending_prefill_tokens": 0, "queue_delay_s": 1.0,
+              "max_queue_delay_s": 2.0, "drain_rate_tok_s": 100.0}
+    t.observe_engine("a", report)
+    assert t.over_admission_bound("a", 50) is None  # 1 s + 50 tokens at 100/s = 1.5 s: admitted
+    over = t.over_admission_bound("a", 150)  # 2.5 s: over the bound by 0.5 s
+    assert over is not None and abs(over - 0.5) < 1e-9
+    clock.now = 1.0
+    t.reserve("q1", "a", 100)  # booked after the report: its prefill counts too
+    assert abs(t.over_admission_bound("a", 50) - 0.5) < 1e-9
+    assert t.over_admission_bound("a", 50, request_id="q1") is None  # but not for itself
+    t.finish("q1")
+    t.observe_engine("a", {**report, "running": 0, "queue_delay_s": 0.0})
+    assert t.over_admission_bound("a", 10_000) is None  # an idle replica takes anything
+    t.observe_engine("a", {**report, "max_queue_delay_s": 0})
+    assert t.over_admission_bound("a", 10_000) is None  # a replica that never refuses
+    t.observe_engine("a", report)
+    clock.now = 10.0
+    assert t.over_admission_bound("a", 10_000) is None  # a stale report predicts nothing
