@@ -37,6 +37,7 @@ FEATURES = {
     "chunked": dict(max_num_batched_tokens=24),  # chunks across window and block boundaries
     # 3 sequences of up to 2 * 8 full-attention blocks + 4 sliding ones in 24 blocks
     "preempted": dict(num_kv_blocks=24, max_num_batched_tokens=32),
+    "ngram": dict(speculative_method="ngram", num_speculative_tokens=3),  # drafts roll back
     "masked": dict(disable_hybrid_kv_cache_manager=True),  # one group: every block kept
 }
 
@@ -81,12 +82,32 @@ def test_long_sequences_answer_as_transformers(transformers_answers, feature):
     assert_no_leaks(llm.engine)
     if feature == "preempted":
         assert llm.engine.stats.preemptions > 0
-    else:
+    elif feature == "ngram":
+        assert llm.engine.spec.stats.accepted_tokens > 0
+    if feature != "preempted":
         assert again[0].num_cached_tokens == 5 * BS and again[1].num_cached_tokens == 6 * BS
     for out, (tokens, logprobs) in zip(first + again, transformers_answers * 2):
         assert out.outputs[0].token_ids == tokens, feature
         ours = [lp.logprob for lp in out.outputs[0].logprobs]
         assert max(abs(a - b) for a, b in zip(ours, logprobs)) < LOGPROB_ATOL, feature
+
+
+def test_forked_samples_and_quantised_rows_answer_as_the_masked_engine():
+    """n = 2 forks the parent's blocks (the sliding group's window included); int8 runs prompt
+    rows apart (AttentionMetadata.split_prompt_rows, per group): the same answers, bit for bit,
+    as with every block kept."""
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=2,
+                            n=2)
+    answers = []
+    for disable in (False, True):
+        llm = LLM(MODEL, enforce_eager=True, quantization="int8", target_itl_ms=0,
+                  num_kv_blocks=128, max_num_batched_tokens=32,
+                  disable_hybrid_kv_cache_manager=disable)
+        outs = llm.generate(PROMPTS, params)
+        assert_no_leaks(llm.engine)
+        answers.append([[(c.token_ids, [lp.logprob for lp in c.logprobs]) for c in o.outputs]
+                        for o in outs])
+    assert answers[0] == answers[1]
 
 
 def test_a_sliding_group_holds_a_window_however_long_the_sequence():
