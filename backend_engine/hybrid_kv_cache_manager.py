@@ -96,7 +96,7 @@ class HybridKVCacheManager(KVCacheManager):
         blocks = [table[:num_full] for table, _ in self._tables(parent)]
         for spec, table in zip(self.groups, blocks):
             start = max(0, num_full - self._window_blocks(spec))
-            if spec.is_sliding and NULL_BLOCK in table[start:]:
+            if spec.is_sliding and any(b is NULL_BLOCK for b in table[start:]):
                 return [[] for _ in self.groups], 0  # the parent has moved past them
         return blocks, num_full * self.block_size
 

@@ -70,6 +70,17 @@ def hybrid_unsupported_reason(config) -> str | None:
     return None
 
 
+def engine_kv_cache_groups(layer_windows: list[int], config) -> tuple[list[KVCacheGroupSpec],
+                                                                       str | None]:
+    """The groups the engine runs the model with, and why it keeps one group for a model with
+    sliding-window layers (None: it does not): every layer in every block, masked."""
+    groups = kv_cache_groups(layer_windows)
+    reason = hybrid_unsupported_reason(config) if len(groups) > 1 else None
+    if reason is not None:
+        groups = [KVCacheGroupSpec(tuple(range(len(layer_windows))))]
+    return groups, reason
+
+
 def sliding_blocks_bound(window: int, max_step_tokens: int, block_size: int) -> int:
     """The most blocks a sliding-window group holds for one sequence: the window before a
     step's first new token and the step's tokens, over block boundaries."""

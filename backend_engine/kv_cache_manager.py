@@ -145,7 +145,7 @@ class KVCacheManager:
         return True
 
     def _append(self, seq: Sequence, blocks) -> None:
-        self._extend(*self._tables(seq)[0], blocks)
+        self._extend(seq.block_table, seq.block_ids, blocks)
 
     @staticmethod
     def _extend(table: list[KVBlock], ids: list[int], blocks) -> None:

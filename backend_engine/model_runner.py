@@ -15,13 +15,12 @@ from backend_engine.accel.forward import PlannedForward
 from backend_engine.accel.plan import Plan, plan_for
 from backend_engine.accel.prepare import WeightPrep
 from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
-                                               build_kernel_metadata)
+                                               build_kernel_metadata, grouped)
 from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout, shard_state_dict
 from backend_engine.dtype import resolve_dtype
-from backend_engine.kv_cache_groups import (KVCacheGroupSpec, hybrid_unsupported_reason,
-                                            kv_cache_groups, layer_pages, page_layers)
+from backend_engine.kv_cache_groups import engine_kv_cache_groups, layer_pages, page_layers
 from backend_engine.kv_sizing import KVPoolSize, kv_block_bytes, kv_pool_size
 from backend_engine.model_families import model_class
 from backend_engine.quant.loader import load_weights, resolve_quantization
@@ -77,7 +76,10 @@ class ModelRunner:
         self.model = model_cls(hf_config, weights, self.attention, max_model_len, prep, tp=tp)
         self.sampler = Sampler(config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.kv_cache_groups = self._kv_cache_groups(config, tp)
+        self.kv_cache_groups, masked_only = engine_kv_cache_groups(self.model.layer_windows(),
+                                                                   config)
+        if masked_only and tp.rank == 0:
+            log.info("sliding-window layers keep every KV block (masked): %s", masked_only)
         self.layer_groups = layer_pages(self.kv_cache_groups, self.model.num_layers)[0]
         self.kv_pool = self._size_kv_pool(config, plan, baseline, max_model_len)
         self.allocate_kv(self.kv_pool.num_blocks)
@@ -101,24 +103,11 @@ class ModelRunner:
 
         return CudaSnapshot.take(self.device)
 
-    def _kv_cache_groups(self, config: EngineConfig,
-                         tp: TensorParallelGroup) -> list[KVCacheGroupSpec]:
-        """The model's KV cache groups; one (every block in every layer) where hybrid freeing
-        does not compose with the engine's features yet."""
-        windows = self.model.layer_windows()
-        groups = kv_cache_groups(windows)
-        reason = hybrid_unsupported_reason(config) if len(groups) > 1 else None
-        if reason is None:
-            return groups
-        if tp.rank == 0:
-            log.info("sliding-window layers keep every KV block (masked, not freed): %s", reason)
-        return [KVCacheGroupSpec(tuple(range(len(windows))))]
-
     def _size_kv_pool(self, config: EngineConfig, plan: Plan, baseline,
                       max_model_len: int) -> KVPoolSize:
         m = self.model
-        block_bytes = kv_block_bytes(page_layers(self.kv_cache_groups), self.block_size, m.num_kv_heads, m.head_dim,
-                                     torch.finfo(self.dtype).bits // 8)
+        block_bytes = kv_block_bytes(page_layers(self.kv_cache_groups), self.block_size,
+                                     m.num_kv_heads, m.head_dim, torch.finfo(self.dtype).bits // 8)
         profile = None
         if baseline is not None:
             from backend_engine.memory_profile import profile_cuda_memory
@@ -173,11 +162,10 @@ class ModelRunner:
                 sample_index.extend(range(first, first + rows))
         meta = self._attention_metadata(batch, decodes, prefills, batch.block_ids)
         if len(self.kv_cache_groups) > 1:  # one metadata per group: its own block tables
-            meta._grouped([meta] + [
+            grouped([meta] + [
                 self._attention_metadata(batch, decodes, prefills,
                                          [tables[g - 1] for tables in batch.group_block_ids])
-                for g in range(1, len(self.kv_cache_groups))])
-            meta.layer_groups = self.layer_groups
+                for g in range(1, len(self.kv_cache_groups))], self.layer_groups)
         if self.device.type != "cpu":
             for group_meta in meta.group_metas or [meta]:
                 self._move_to_device(group_meta)

@@ -46,11 +46,7 @@ class AttentionMetadata:
         """The prefill chunks alone, their rows counted from 0 (for decode rows run apart)."""
         if self.group_metas is None:
             return self._prefill_part()
-        return self._grouped([m._prefill_part() for m in self.group_metas])
-
-    def _grouped(self, metas: list[AttentionMetadata]) -> AttentionMetadata:
-        metas[0].group_metas, metas[0].layer_groups = metas, self.layer_groups
-        return metas[0]
+        return grouped([m._prefill_part() for m in self.group_metas], self.layer_groups)
 
     def _prefill_part(self) -> AttentionMetadata:
         nd = self.num_decode_tokens
@@ -67,7 +63,7 @@ class AttentionMetadata:
             return self._split_prompt_rows()
         splits = [m._split_prompt_rows() for m in self.group_metas]
         for part in (0, 1):
-            self._grouped([split[part].meta for split in splits])
+            grouped([split[part].meta for split in splits], self.layer_groups)
         return splits[0]
 
     def _split_prompt_rows(self) -> tuple[RowsPart, RowsPart]:
@@ -97,6 +93,12 @@ class AttentionMetadata:
     def max_decode_context_len(self) -> int:
         lens = self.decode_context_lens
         return 0 if lens is None or not len(lens) else int(lens.max())
+
+
+def grouped(metas: list[AttentionMetadata], layer_groups: list[int]) -> AttentionMetadata:
+    """Group 0's metadata (metas[0]) carrying every group's: metas[g] is group g's."""
+    metas[0].group_metas, metas[0].layer_groups = metas, layer_groups
+    return metas[0]
 
 
 @dataclass(slots=True)

@@ -117,17 +117,18 @@ def test_a_sliding_group_holds_a_window_however_long_the_sequence():
     engine.add_request("long", LONG, SamplingParams(temperature=0, max_tokens=60,
                                                     ignore_eos=True))
     bound = sliding_blocks_bound(WINDOW, 32, BS)
-    seen_free = []
+    longest = 0
     while engine.has_unfinished_requests():
         engine.step()
         for seq in engine.scheduler.running:
             full, sliding = seq.block_table, seq.group_block_tables[1]
             held = [b for b in sliding if b is not NULL_BLOCK]
-            assert len(held) <= bound and sliding[len(sliding) - len(held):] == held
+            assert len(held) <= bound
+            assert all(b is NULL_BLOCK for b in sliding[:len(sliding) - len(held)])
             assert len(seq.group_block_tables[0]) == len(full) == len(sliding)
-            seen_free.append((seq.num_computed_tokens, pool.num_free_blocks))
             assert pool.num_free_blocks == pool.num_blocks - 2 * len(full) - len(held)
-    assert seen_free[-1][0] > 5 * WINDOW  # several windows, yet a window's worth held
+            longest = max(longest, seq.num_computed_tokens)
+    assert longest > 8 * WINDOW  # several windows, yet a window's worth held
     assert_no_leaks(engine)
 
 
@@ -174,7 +175,7 @@ def test_a_sliding_hit_needs_only_the_window_before_it():
     seq = Sequence("t", "r", 0, LONG + [7] * 30, GREEDY, "ns", 8)
     blocks, hit = kv.get_computed_blocks(seq)
     assert hit == 5 * BS  # LONG's full blocks
-    assert blocks[1][:2] == [NULL_BLOCK] * 2 and NULL_BLOCK not in blocks[1][2:]
+    assert [b is NULL_BLOCK for b in blocks[1]] == [True, True, False, False, False]
     # the sliding group lost block 3 (as eviction would): its window before block 5 is broken,
     # block 3's window is intact from the first block
     kv.pool._evict_hash(kv.pool.lookup(seq.block_hashes[3], 1))
