@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from backend_engine.block_pool import BlockPool
 from backend_engine.hybrid_kv_cache_manager import HybridKVCacheManager
@@ -18,10 +17,9 @@ from backend_engine.kv_cache_groups import (KVCacheGroupSpec, blocks_for_tokens,
                                             sliding_blocks_bound)
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.llm import LLM
-from backend_engine.model_loader import resolve_model
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.sequence import Sequence
-from tests.backend_engine.helpers import assert_no_leaks
+from tests.backend_engine.helpers import assert_no_leaks, transformers_greedy
 
 MODEL = "tiny-random-gemma3"  # layers: full, sliding (window 16), full; block size 16
 WINDOW, BS = 16, 16
@@ -54,21 +52,7 @@ def test_gemma3_270m_layers_make_six_groups_of_three():
 
 @pytest.fixture(scope="module")
 def transformers_answers():
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL).folder,
-                                                 dtype=torch.float32).eval()
-    answers = []
-    for prompt in PROMPTS:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS,
-                                 min_new_tokens=NEW_TOKENS, do_sample=False,
-                                 output_scores=True, return_dict_in_generate=True,
-                                 pad_token_id=0)
-        tokens = out.sequences[0, len(prompt):].tolist()
-        answers.append((tokens, [torch.log_softmax(s[0].float(), -1)[t].item()
-                                 for s, t in zip(out.scores, tokens)]))
-    return answers
+    return transformers_greedy(MODEL, PROMPTS, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("feature", FEATURES)
