@@ -11,9 +11,11 @@ import random
 import pytest
 
 from backend_engine.block_pool import BlockPool
+from backend_engine.config import EngineConfig
 from backend_engine.hybrid_kv_cache_manager import HybridKVCacheManager
 from backend_engine.kv_block import NULL_BLOCK
-from backend_engine.kv_cache_groups import (KVCacheGroupSpec, blocks_for_tokens, kv_cache_groups,
+from backend_engine.kv_cache_groups import (KVCacheGroupSpec, blocks_for_tokens,
+                                            engine_kv_cache_groups, kv_cache_groups,
                                             sliding_blocks_bound)
 from backend_engine.kv_cache_manager import KVCacheManager
 from backend_engine.llm import LLM
@@ -48,6 +50,18 @@ def test_gemma3_270m_layers_make_six_groups_of_three():
     assert kv_cache_groups([0] * 30) == [KVCacheGroupSpec(tuple(range(30)))]
     # a 32k-token sequence: 2048 blocks of the full group, a window's worth of each sliding one
     assert blocks_for_tokens(groups, 32768, 16, 512) == 2048 + 5 * sliding_blocks_bound(512, 512, 16)
+
+
+@pytest.mark.parametrize("setting, reason", [
+    (dict(tensor_parallel_size=2), "tensor parallelism"),
+    (dict(kv_offload_size_gb=1.0), "the KV offload tier"),
+    (dict(kv_role="prefill"), "prefill/decode disaggregation"),
+    (dict(disable_hybrid_kv_cache_manager=True), "--disable-hybrid-kv-cache-manager")])
+def test_features_that_do_not_know_groups_keep_one_with_a_reason(setting, reason):
+    windows = [0, 16, 0]
+    assert len(engine_kv_cache_groups(windows, EngineConfig())[0]) == 3
+    groups, why = engine_kv_cache_groups(windows, EngineConfig(**setting))
+    assert groups == [KVCacheGroupSpec((0, 1, 2))] and why == reason
 
 
 @pytest.fixture(scope="module")
