@@ -114,6 +114,8 @@ class HybridKVCacheManager(KVCacheManager):
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int,
                        computed_blocks: GroupBlocks = ()) -> bool:
+        """As KVCacheManager's, in every group; sliding groups first give back the blocks no
+        step can read again (given back even when the allocation then falls short)."""
         self._remove_skipped_blocks(seq)
         if not self.can_allocate(seq, num_new_tokens, computed_blocks):
             return False
