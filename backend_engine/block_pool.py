@@ -1,6 +1,11 @@
 """The block pool: reference-counted KV blocks, the hash → block map of the prefix cache, the
 queue of free blocks (cached ones stay hits until reused; see free_queue.py for the eviction
-order), pinned blocks (never evicted while pinned), and the stored/removed event log."""
+order), pinned blocks (never evicted while pinned), and the stored/removed event log.
+
+With several KV cache groups (kv_cache_groups.py) each group caches its own blocks under the
+same canonical hash; the stored/removed events, the snapshot and pins are group 0's (full
+attention), so the router's view of a block is unchanged: the tokens are cached when their
+full-attention KV is. Other groups' blocks come and go without events."""
 
 from __future__ import annotations
 
@@ -62,7 +67,8 @@ class BlockPool:
         self.free = FreeBlockQueue(self.blocks, eviction_policy)
         self.max_pinned_blocks = int(num_blocks * max_pinned_fraction) if enable_caching else 0
         self.num_pinned_blocks = 0  # distinct blocks with pin_cnt > 0
-        self.cached: dict[int, int] = {}  # block hash → block id
+        self.cached: dict[int, int] = {}  # block hash → block id (group 0)
+        self.group_cached: dict[int, dict[int, int]] = {}  # group > 0 → its hash → block id
         self.event_seq = 0
         self.events: deque[KVEvent] = deque(maxlen=event_buffer)
         self._stored: list[int] = []
@@ -82,8 +88,8 @@ class BlockPool:
     def usage(self) -> float:
         return 1.0 - len(self.free) / self.num_blocks
 
-    def lookup(self, block_hash: int) -> KVBlock | None:
-        block_id = self.cached.get(block_hash)
+    def lookup(self, block_hash: int, group: int = 0) -> KVBlock | None:
+        block_id = self._cache_of(group).get(block_hash)
         return None if block_id is None else self.blocks[block_id]
 
     def cached_hashes(self) -> list[int]:
@@ -132,15 +138,23 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free.push(block)
 
-    def cache_block(self, block: KVBlock, block_hash: int, origin: BlockOrigin | None = None) -> None:
-        """Register a block that now holds a full block of verified tokens."""
+    def _cache_of(self, group: int) -> dict[int, int]:
+        return self.cached if group == 0 else self.group_cached.setdefault(group, {})
+
+    def cache_block(self, block: KVBlock, block_hash: int, origin: BlockOrigin | None = None,
+                    group: int = 0) -> None:
+        """Register a block that now holds a full block of verified tokens (of `group`)."""
         if not self.enable_caching or block.block_hash is not None:
             return
-        if block_hash in self.cached:  # another block already holds these tokens
+        cache = self._cache_of(group)
+        if block_hash in cache:  # another block already holds these tokens
             return
         block.block_hash = block_hash
         block.hits = 0
-        self.cached[block_hash] = block.block_id
+        block.group = group
+        cache[block_hash] = block.block_id
+        if group:
+            return  # no events: the router follows group 0
         self._stored.append(block_hash)
         if origin is not None and origin.parent is not None and self.children is not None:
             self.children.add(origin.parent, block_hash, origin.token_ids)
@@ -148,7 +162,12 @@ class BlockPool:
             self._origins[block_hash] = origin
 
     def _evict_hash(self, block: KVBlock) -> None:
-        if block.block_hash is not None:
+        if block.group:
+            cache = self.group_cached[block.group]
+            if cache.get(block.block_hash) == block.block_id:
+                del cache[block.block_hash]
+            block.block_hash, block.hits, block.group = None, 0, 0
+        elif block.block_hash is not None:
             if self.cached.get(block.block_hash) == block.block_id:
                 del self.cached[block.block_hash]
                 self._removed.append(block.block_hash)
@@ -196,10 +215,12 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
             block.hits = 0
+            block.group = 0
         self.free = FreeBlockQueue(self.blocks, self.free.policy, self.free.protected_cap)
         self.cached.clear()
         if self.children is not None:
             self.children.clear()
+        self.group_cached.clear()
         self._origins.clear()
         self._stored.clear()
         self._removed.clear()

@@ -108,6 +108,10 @@ class EngineConfig:
     kv_offload_disk_size_gb: float = setting(
         16.0, "the disk tier's bound (GiB or with a unit); its least recently used blocks go "
         "first", flag="--kv-offload-disk-size", parse=gib, metavar="SIZE", group=KV_CACHE)
+    disable_hybrid_kv_cache_manager: bool = setting(
+        False, "a model with sliding-window layers keeps every layer's KV blocks for the whole "
+        "sequence (masking only) instead of giving back those that left the window",
+        group=KV_CACHE)
     kv_event_buffer: int = setting(4096, "KV events kept for /kv/events replay", group=KV_CACHE)
     max_waiting: int | None = setting(None, "waiting-queue limit; beyond it requests get 503 "
                                       "(default: none)", group=UNDER_LOAD)

@@ -17,7 +17,7 @@ from backend_engine.block_pool import BlockPool
 from backend_engine.config import EngineConfig
 from backend_engine.dtype import resolve_dtype
 from backend_engine.errors import ContextLengthExceededError, InvalidRequestError
-from backend_engine.kv_cache_manager import KVCacheManager
+from backend_engine.hybrid_kv_cache_manager import kv_cache_manager
 from backend_engine.kv_sizing import step_limits
 from backend_engine.kv_transfer.params import RemoteDecode, RemotePrefill, check_kv_transfer
 from backend_engine.metrics import EngineStats
@@ -90,7 +90,7 @@ class LLMEngine:
                               config.max_pinned_fraction)
         if config.kv_offload_enabled:
             self.pool.tier = self._kv_tier(config)
-        self.kv = KVCacheManager(self.pool, config.block_size)
+        self.kv = kv_cache_manager(self.pool, self.runner.kv_cache_groups, config)
         self.kv.enable_partial_reuse(self.runner.copy_blocks)  # on while prefix caching is
         self.pins = PinTable(self.pool, config.block_size)
         self.budget = self._step_budget(config)
@@ -160,7 +160,7 @@ class LLMEngine:
         if pinned:
             namespace = namespace_for(self.model_id, cache_salt)
             pinned -= self.pins.num_pinned_prefix_blocks(prompt_token_ids, namespace)
-        return (self.pool.num_blocks - pinned) * self.block_size
+        return self.kv.tokens_in(self.pool.num_blocks - pinned)
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams,
                       cache_salt: str | None = None, priority: int = 0) -> int:
@@ -395,7 +395,7 @@ class LLMEngine:
         """KV blocks the largest other unfinished sequence may need (a pin must leave room)."""
         seqs = [s for s in (*self.scheduler.running, *self.scheduler.waiting)
                 if s is not finishing and not s.is_finished]
-        return max((-(-(s.num_prompt_tokens + s.max_tokens) // self.block_size) for s in seqs),
+        return max((self.kv.blocks_for(s.num_prompt_tokens + s.max_tokens) for s in seqs),
                    default=0)
 
     def _admit_compiled(self) -> list[RequestOutput]:

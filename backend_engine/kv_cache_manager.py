@@ -1,13 +1,15 @@
 """Per-sequence KV block management over the block pool: prefix-cache lookup (whole blocks,
 then part of the next one: partial_block.py), slot allocation, caching of full verified blocks,
-forking for n > 1, and freeing."""
+forking for n > 1, and freeing. One KV cache group (every layer in every block);
+hybrid_kv_cache_manager.py adds the groups of sliding-window models, so the methods that hold
+for any number of groups walk `_tables(seq)`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from backend_engine.block_pool import BlockOrigin, BlockPool
-from backend_engine.kv_block import KVBlock
+from backend_engine.kv_block import NULL_BLOCK, KVBlock
 from backend_engine.partial_block import BlockChildren, PartialHit
 from backend_engine.sequence import Sequence
 from routing.hashing import block_hashes
@@ -31,6 +33,11 @@ class KVCacheManager:
         if self.enable_caching:
             self.copy_blocks = copy_blocks
             self.pool.children = BlockChildren()
+
+    @staticmethod
+    def _tables(seq: Sequence) -> list[tuple[list[KVBlock], list[int]]]:
+        """Each group's (block table, block ids) of the sequence."""
+        return [(seq.block_table, seq.block_ids)]
 
     @property
     def enable_caching(self) -> bool:
@@ -131,6 +138,20 @@ class KVCacheManager:
         blocks = parent.block_table[:num_full]
         return blocks, num_full * self.block_size
 
+    def tokens_in(self, num_blocks: int) -> int:
+        """The longest sequence num_blocks pool blocks hold."""
+        return num_blocks * self.block_size
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Pool blocks one sequence of num_tokens tokens holds at the most."""
+        return cdiv(num_tokens, self.block_size)
+
+    def reclaimable(self, victims: list[Sequence], computed_blocks=()) -> int:
+        """Blocks that preempting the victims would free (not those computed_blocks share)."""
+        computed = {id(b) for b in computed_blocks}  # they stay held by the new sequence
+        return sum(1 for v in victims for table, _ in self._tables(v) for b in table
+                   if b.ref_cnt == 1 and b is not NULL_BLOCK and id(b) not in computed)
+
     def can_allocate(self, seq: Sequence, num_new_tokens: int,
                      computed_blocks: list[KVBlock] = (), partial: PartialHit | None = None
                      ) -> bool:
@@ -183,10 +204,13 @@ class KVCacheManager:
         if self.pool.tier is not None:  # what its disk read brought is in the pool now; kept
             self.pool.tier.release(seq.seq_id)  # until then, should evictions take it back
 
+    def _append(self, seq: Sequence, blocks) -> None:
+        self._extend(seq.block_table, seq.block_ids, blocks)
+
     @staticmethod
-    def _append(seq: Sequence, blocks) -> None:
-        seq.block_table.extend(blocks)
-        seq.block_ids.extend(b.block_id for b in blocks)
+    def _extend(table: list[KVBlock], ids: list[int], blocks) -> None:
+        table.extend(blocks)
+        ids.extend(b.block_id for b in blocks)
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Publish blocks whose every token is computed and verified (never draft tokens)."""
@@ -195,30 +219,38 @@ class KVCacheManager:
         verified = min(seq.num_computed_tokens, seq.num_tokens)
         num_full = min(self._hash_upto(seq, verified), len(seq.block_table))
         hashes, keep, bs = seq.block_hashes, self.pool.keep_origins, self.block_size
-        for i in range(seq.num_hashed_blocks, num_full):  # only blocks not seen before: O(new)
-            block = seq.block_table[i]
-            if block.block_hash is None:
-                origin = BlockOrigin(hashes[i - 1] if i else None,
-                                     tuple(seq.token_ids[i * bs:(i + 1) * bs]),
-                                     seq.namespace) if keep or self.copy_blocks else None
-                self.pool.cache_block(block, hashes[i], origin)
+        keep = keep or self.copy_blocks is not None  # partial reuse indexes blocks by parent
+        for group, (table, _) in enumerate(self._tables(seq)):
+            for i in range(seq.num_hashed_blocks, num_full):  # blocks not seen before: O(new)
+                block = table[i]
+                if block.block_hash is None and block is not NULL_BLOCK:
+                    origin = BlockOrigin(hashes[i - 1] if i else None,
+                                         tuple(seq.token_ids[i * bs:(i + 1) * bs]),
+                                         seq.namespace) if keep and not group else None
+                    self.pool.cache_block(block, hashes[i], origin, group)
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 
     def trim_to(self, seq: Sequence, num_tokens: int) -> None:
         """Drop blocks past num_tokens (rolling back unaccepted speculative slots)."""
         keep = cdiv(num_tokens, self.block_size)
-        extra = seq.block_table[keep:]
-        if extra:
-            del seq.block_table[keep:]
-            del seq.block_ids[keep:]
-            seq.num_hashed_blocks = min(seq.num_hashed_blocks, keep)
-            self.pool.release(list(reversed(extra)))
+        for table, ids in self._tables(seq):
+            extra = table[keep:]
+            if extra:
+                del table[keep:]
+                del ids[keep:]
+                self._release(extra)
+        seq.num_hashed_blocks = min(seq.num_hashed_blocks, keep)
+
+    def _release(self, blocks: list[KVBlock]) -> None:
+        """Give back a table's blocks, tail first (the null placeholder is nobody's)."""
+        self.pool.release([b for b in reversed(blocks) if b is not NULL_BLOCK])
 
     def free(self, seq: Sequence) -> None:
         if self.pool.tier is not None:
             self.pool.tier.release(seq.seq_id)  # an aborted wait for a disk read
-        self.pool.release(list(reversed(seq.block_table)))
-        seq.block_table = []
-        seq.block_ids = []
+        for table, _ in self._tables(seq):
+            self._release(table)
+        seq.block_table, seq.block_ids = [], []
+        seq.group_block_tables, seq.group_block_ids = [], []
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0

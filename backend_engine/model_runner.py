@@ -15,11 +15,12 @@ from backend_engine.accel.forward import PlannedForward
 from backend_engine.accel.plan import Plan, plan_for
 from backend_engine.accel.prepare import WeightPrep
 from backend_engine.attention.metadata import (AttentionMetadata, PrefillChunk,
-                                               build_kernel_metadata)
+                                               build_kernel_metadata, grouped)
 from backend_engine.config import EngineConfig
 from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout, shard_state_dict
 from backend_engine.dtype import resolve_dtype
+from backend_engine.kv_cache_groups import engine_kv_cache_groups, layer_pages, page_layers
 from backend_engine.kv_sizing import KVPoolSize, kv_block_bytes, kv_pool_size
 from backend_engine.model_families import model_class
 from backend_engine.quant.loader import load_weights, resolve_quantization
@@ -75,6 +76,11 @@ class ModelRunner:
         self.model = model_cls(hf_config, weights, self.attention, max_model_len, prep, tp=tp)
         self.sampler = Sampler(config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_cache_groups, masked_only = engine_kv_cache_groups(self.model.layer_windows(),
+                                                                   config)
+        if masked_only and tp.rank == 0:
+            log.info("sliding-window layers keep every KV block (masked): %s", masked_only)
+        self.layer_groups = layer_pages(self.kv_cache_groups, self.model.num_layers)[0]
         self.kv_pool = self._size_kv_pool(config, plan, baseline, max_model_len)
         self.allocate_kv(self.kv_pool.num_blocks)
         self.forward_pass = PlannedForward(self.model, plan, self.kv_caches)
@@ -106,8 +112,8 @@ class ModelRunner:
     def _size_kv_pool(self, config: EngineConfig, plan: Plan, baseline,
                       max_model_len: int) -> KVPoolSize:
         m = self.model
-        block_bytes = kv_block_bytes(m.num_layers, self.block_size, m.num_kv_heads, m.head_dim,
-                                     torch.finfo(self.dtype).bits // 8)
+        block_bytes = kv_block_bytes(page_layers(self.kv_cache_groups), self.block_size,
+                                     m.num_kv_heads, m.head_dim, torch.finfo(self.dtype).bits // 8)
         profile = None
         if baseline is not None:
             from backend_engine.memory_profile import profile_cuda_memory
@@ -125,9 +131,11 @@ class ModelRunner:
         self.kv_caches.clear()
         self.num_blocks = num_blocks
         shape = (num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
-        self.kv_caches.extend((torch.zeros(shape, dtype=self.dtype, device=self.device),
-                               torch.zeros(shape, dtype=self.dtype, device=self.device))
-                              for _ in range(self.model.num_layers))
+        pages = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                  torch.zeros(shape, dtype=self.dtype, device=self.device))
+                 for _ in range(page_layers(self.kv_cache_groups))]
+        _, tensor_of = layer_pages(self.kv_cache_groups, self.model.num_layers)
+        self.kv_caches.extend(pages[tensor_of[layer]] for layer in range(self.model.num_layers))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole blocks of every layer's K and V: (source block id, destination id)."""
@@ -154,7 +162,6 @@ class ModelRunner:
         prefills = [i for i in range(len(batch.token_ids)) if i not in taken]
         input_ids: list[int] = []
         positions: list[int] = []
-        slot_mapping: list[int] = []
         sample_index: list[int] = []
         sampled: list[tuple[int, int, int]] = []
         for i in decodes + prefills:
@@ -162,31 +169,47 @@ class ModelRunner:
             end = start + len(tokens)
             input_ids.extend(tokens)
             positions.extend(range(start, end))
-            slot_mapping.extend(self._slots(batch.block_ids[i], start, end))
             if end >= batch.num_tokens[i]:  # reached the last real token: sample (or verify)
                 rows = end - batch.num_tokens[i] + 1  # the last real token + each draft
                 first = len(input_ids) - rows
                 sampled.append((i, len(sample_index), rows))
                 sample_index.extend(range(first, first + rows))
+        meta = self._attention_metadata(batch, decodes, prefills, batch.block_ids)
+        if len(self.kv_cache_groups) > 1:  # one metadata per group: its own block tables
+            grouped([meta] + [
+                self._attention_metadata(batch, decodes, prefills,
+                                         [tables[g - 1] for tables in batch.group_block_ids])
+                for g in range(1, len(self.kv_cache_groups))], self.layer_groups)
+        if self.device.type != "cpu":
+            for group_meta in meta.group_metas or [meta]:
+                self._move_to_device(group_meta)
+        return StepInputs(torch.tensor(input_ids, dtype=torch.long).to(self.device),
+                          torch.tensor(positions, dtype=torch.long).to(self.device), meta,
+                          sample_index, sampled)
+
+    def _attention_metadata(self, batch: StepBatch, decodes: list[int], prefills: list[int],
+                            block_ids: list[list[int]]) -> AttentionMetadata:
+        """The step's metadata over one KV cache group's block tables (`block_ids`)."""
+        prompt_lens = batch.num_prompt_tokens
+        slot_mapping: list[int] = []
+        for i in decodes + prefills:
+            start = batch.num_computed_tokens[i]
+            slot_mapping.extend(self._slots(block_ids[i], start, start + len(batch.token_ids[i])))
         meta = AttentionMetadata(slot_mapping=torch.tensor(slot_mapping, dtype=torch.long),
                                  num_decode_tokens=len(decodes))
         if decodes:
-            self._decode_metadata(meta, batch, decodes)
+            self._decode_metadata(meta, batch, decodes, block_ids)
         offset = len(decodes)
         bs = self.block_size
         for i in prefills:
             n = len(batch.token_ids[i])
             ctx = batch.num_computed_tokens[i] + n
-            table = torch.tensor(batch.block_ids[i][:-(-ctx // bs)], dtype=torch.long)
+            table = torch.tensor(block_ids[i][:-(-ctx // bs)], dtype=torch.long)
             start = batch.num_computed_tokens[i]
             prompt_rows = min(max(prompt_lens[i] - 1 - start, 0), n) if prompt_lens else None
             meta.prefills.append(PrefillChunk(offset, n, ctx, table, prompt_rows))
             offset += n
-        if self.device.type != "cpu":
-            self._move_to_device(meta)
-        return StepInputs(torch.tensor(input_ids, dtype=torch.long).to(self.device),
-                          torch.tensor(positions, dtype=torch.long).to(self.device), meta,
-                          sample_index, sampled)
+        return meta
 
     def _move_to_device(self, meta: AttentionMetadata) -> None:
         if self.attention.name == "triton":  # int32 tables on the device, built once per step
@@ -200,8 +223,8 @@ class ModelRunner:
         meta.slot_mapping = meta.slot_mapping.to(self.device, non_blocking=True)
 
     def _decode_metadata(self, meta: AttentionMetadata, batch: StepBatch,
-                         decodes: list[int]) -> None:
-        tables = [batch.block_ids[i] for i in decodes]
+                         decodes: list[int], block_ids: list[list[int]]) -> None:
+        tables = [block_ids[i] for i in decodes]
         width = max(len(t) for t in tables)
         meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables],
                                                 dtype=torch.long)

@@ -189,10 +189,7 @@ class Scheduler:
             return False
         if need <= free:
             return True
-        computed = {id(b) for b in blocks}  # shared with a victim: they stay held by seq
-        reclaimable = sum(1 for v in victims for b in v.block_table
-                          if b.ref_cnt == 1 and id(b) not in computed)
-        return need <= free + reclaimable
+        return need <= free + self.kv.reclaimable(victims, blocks)
 
     def _yield_budget(self, out: SchedulerOutput, rank: int, want: int) -> None:
         """Take budget back from strictly less urgent sequences scheduled in this step (they

@@ -35,6 +35,10 @@ class Sequence:
     num_cached_tokens: int = -1  # prompt tokens served from the prefix cache (-1: not yet known)
     block_table: list[KVBlock] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)  # block_table's ids, kept in step with it
+    # KV cache groups past the first (kv_cache_groups.py), each table and its ids; block_table
+    # and block_ids are group 0's
+    group_block_tables: list[list[KVBlock]] = field(default_factory=list)
+    group_block_ids: list[list[int]] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading blocks of block_table known to carry their hash
     block_hashes: list[int] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)  # drafted, not yet verified

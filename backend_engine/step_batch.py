@@ -18,6 +18,7 @@ class StepBatch:
     num_tokens: list[int] = field(default_factory=list)  # real tokens; drafts beyond are verified
     block_ids: list[list[int]] = field(default_factory=list)  # the block table
     num_prompt_tokens: list[int] = field(default_factory=list)  # the prompt's length
+    group_block_ids: list[list[list[int]]] = field(default_factory=list)  # groups 1.. (if any)
 
     @classmethod
     def of(cls, scheduled: list[tuple[Sequence, int]]) -> StepBatch:
@@ -30,6 +31,7 @@ class StepBatch:
             batch.num_tokens.append(seq.num_tokens)
             batch.block_ids.append(seq.block_ids)  # kept in step with block_table: O(1)
             batch.num_prompt_tokens.append(seq.num_prompt_tokens)
+            batch.group_block_ids.append(seq.group_block_ids)
         return batch
 
     def __len__(self) -> int:

@@ -33,9 +33,22 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
     kernel: KernelMetadata | None = None  # built once per step by the Triton backend (or runner)
     scratch: dict = field(default_factory=dict)  # per-step values a backend derives once
+    # With several KV cache groups (kv_cache_groups.py): each group's metadata (the first is
+    # this one, group 0's) and each layer's group; the rows are the same in every group.
+    group_metas: list[AttentionMetadata] | None = field(default=None, repr=False, compare=False)
+    layer_groups: list[int] | None = None
+
+    def for_layer(self, layer: int) -> AttentionMetadata:
+        """The metadata of the KV cache group that holds layer `layer`."""
+        return self if self.group_metas is None else self.group_metas[self.layer_groups[layer]]
 
     def prefill_part(self) -> AttentionMetadata:
         """The prefill chunks alone, their rows counted from 0 (for decode rows run apart)."""
+        if self.group_metas is None:
+            return self._prefill_part()
+        return grouped([m._prefill_part() for m in self.group_metas], self.layer_groups)
+
+    def _prefill_part(self) -> AttentionMetadata:
         nd = self.num_decode_tokens
         return AttentionMetadata(self.slot_mapping[nd:], prefills=[
             PrefillChunk(c.query_start - nd, c.query_len, c.context_len, c.block_table,
@@ -46,6 +59,14 @@ class AttentionMetadata:
         counts its rows from 0; a chunk holding both splits in two, its prompt rows first (run
         that part first: the other's attention reads its K/V). Decode rows are not prompt
         rows. Host-side (CPU) metadata only."""
+        if self.group_metas is None:
+            return self._split_prompt_rows()
+        splits = [m._split_prompt_rows() for m in self.group_metas]
+        for part in (0, 1):
+            grouped([split[part].meta for split in splits], self.layer_groups)
+        return splits[0]
+
+    def _split_prompt_rows(self) -> tuple[RowsPart, RowsPart]:
         prompt_rows: list[int] = []
         other_rows: list[int] = list(range(self.num_decode_tokens))
         prompt_chunks: list[PrefillChunk] = []
@@ -72,6 +93,12 @@ class AttentionMetadata:
     def max_decode_context_len(self) -> int:
         lens = self.decode_context_lens
         return 0 if lens is None or not len(lens) else int(lens.max())
+
+
+def grouped(metas: list[AttentionMetadata], layer_groups: list[int]) -> AttentionMetadata:
+    """Group 0's metadata (metas[0]) carrying every group's: metas[g] is group g's."""
+    metas[0].group_metas, metas[0].layer_groups = metas, layer_groups
+    return metas[0]
 
 
 @dataclass(slots=True)

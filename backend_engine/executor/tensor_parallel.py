@@ -92,6 +92,7 @@ class TensorParallelExecutor:
                 self.group.close()
             raise
         self.num_blocks = self.runner.num_blocks
+        self.kv_cache_groups = self.runner.kv_cache_groups  # one: hybrid freeing is off here
         _LIVE.add(self)
         for target, name in ((self._monitor, "monitor"), (self._keepalive, "keepalive")):
             threading.Thread(target=target, name=f"kvgate-tp-{name}", daemon=True).start()

@@ -10,7 +10,8 @@ the config (`model_type` gemma3_text):
 - embeddings multiplied by sqrt(hidden_size), rounded to the compute dtype first;
 - `layer_types`: sliding-window layers (each query sees the `sliding_window` positions up to
   its own, attention/backend.py) interleaved with global ones, each kind with its own rotary
-  base (`rope_parameters[layer_type]`).
+  base (`rope_parameters[layer_type]`); the two kinds keep their KV blocks in KV cache groups
+  of their own (kv_cache_groups.py), so each layer reads its group's metadata.
 
 Its layers run eager with the plan's Linear (`compiles = False`: the compiled pieces trace the
 Llama layer).
@@ -97,8 +98,11 @@ class Gemma3Model(LlamaModel):
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return super().embed_tokens(input_ids) * self.embed_scale
 
+    def layer_windows(self) -> list[int]:
+        return [layer.window for layer in self.layers]
+
     def run_layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    kv_caches, meta: AttentionMetadata, linear: Linear) -> torch.Tensor:
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            hidden = layer(hidden, cos, sin, k_cache, v_cache, meta, linear)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            hidden = layer(hidden, cos, sin, k_cache, v_cache, meta.for_layer(i), linear)
         return rms_norm_fp32_scale(hidden, self.norm, self.eps)

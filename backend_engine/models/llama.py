@@ -154,6 +154,10 @@ class LlamaModel:
         """Every layer's linear weights (qkv, o, gate_up, down, layer by layer)."""
         return [w for layer in self.layers for w in layer.linear_weights()]
 
+    def layer_windows(self) -> list[int]:
+        """Each layer's sliding window (0: full attention), for the KV cache groups."""
+        return [0] * self.num_layers
+
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return embed_tokens(input_ids, self.embed, self.layout, self.tp)
 

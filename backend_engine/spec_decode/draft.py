@@ -37,7 +37,9 @@ class DraftModelProposer:
         quantization = config.quantization if config.quantization in ("int8", "int4") else None
         draft_config = dataclasses.replace(config, model=config.draft_model,  # rank 0 only
                                            speculative_method=None, tensor_parallel_size=1,
-                                           quantization=quantization)
+                                           quantization=quantization,
+                                           # its shadows roll back: every layer keeps its blocks
+                                           disable_hybrid_kv_cache_manager=True)
         self.runner = ModelRunner(draft_config, files.folder, hf_config, max_model_len)
         self.pool = BlockPool(self.runner.num_blocks, enable_caching=config.enable_prefix_caching,
                               event_buffer=1)

@@ -8,6 +8,29 @@ def assert_no_leaks(engine) -> None:
     assert all(b.ref_cnt == 0 for b in engine.pool.blocks)
 
 
+def transformers_greedy(model: str, prompts: list[list[int]], new_tokens: int
+                        ) -> list[tuple[list[int], list[float]]]:
+    """transformers' own greedy tokens for each prompt (one at a time, fp32) and the logprob of
+    each token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from backend_engine.model_loader import resolve_model
+
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model(model).folder,
+                                              dtype=torch.float32).eval()
+    answers = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, output_scores=True,
+                              return_dict_in_generate=True, pad_token_id=0)
+        tokens = out.sequences[0, len(prompt):].tolist()
+        answers.append((tokens, [torch.log_softmax(s[0].float(), -1)[t].item()
+                                 for s, t in zip(out.scores, tokens)]))
+    return answers
+
+
 def assert_answers_close(fast, reference, tolerance: float) -> None:
     """Two paths give the same greedy tokens and logprobs within `tolerance`, except where the
     two tokens were a near-tie: at a sequence's first differing token, each path's token must
