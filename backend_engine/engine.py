@@ -28,17 +28,18 @@ from backend_engine.output_processor import OutputProcessor, RequestState
 from backend_engine.outputs import RequestOutput
 from backend_engine.pins import Pin, PinTable
 from backend_engine.quant.loader import served_quantization
-from backend_engine.priority import check_priority, load_by_priority
+from backend_engine.replica_load import engine_load, kv_snapshot
+from backend_engine.priority import check_priority
 from backend_engine.sampler import SamplingRow
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.scheduler import Scheduler
 from backend_engine.sequence import Sequence
 from backend_engine.spec_decode.controller import SpecController
 from backend_engine.spec_decode.proposers import build_proposer
-from backend_engine.step_budget import QueueDrain, StepBudget, default_target_itl_ms
+from backend_engine.step_budget import QueueDrain, StepBudget, default_target_itl_ms, prompt_work
 from backend_engine.step_cost import StepCostModel, StepShape
 from backend_engine.structured_output_manager import StructuredOutputManager
-from routing.hashing import NAMESPACE_RULE, namespace_for
+from routing.hashing import namespace_for
 
 log = logging.getLogger("kvgate.engine")
 
@@ -310,11 +311,8 @@ class LLMEngine:
             if self.pool.tier is not None:  # ... or a prefix is read from disk
                 self.pool.tier.wait_for_reads(0.01)
             return failed
-        shape = self._shape(sched.scheduled)
-        # queued prompt work this step retires: tokens it computes, and those found cached
-        retired = sum(n for seq, n in sched.scheduled if seq.num_computed_tokens
-                      < max(seq.num_prompt_tokens, seq.num_tokens - 1)) \
-            + self.kv.prefix_cache_hits - hits
+        shape = StepShape.of(sched.scheduled)
+        retired = prompt_work(sched.scheduled) + self.kv.prefix_cache_hits - hits
         rows = {seq: self._sampling_rows(seq) for seq, _ in sched.scheduled}
         self.structured.start_step(sched.scheduled, rows)
         try:
@@ -364,18 +362,6 @@ class LLMEngine:
                 self.stats.observe("e2e", now - state.arrival_time)
         return outputs
 
-    @staticmethod
-    def _shape(scheduled: list[tuple[Sequence, int]]) -> StepShape:
-        prefill = rows = context = pairs = 0
-        for seq, n in scheduled:
-            if seq.num_tokens - seq.num_computed_tokens > 1:  # a prompt chunk or recompute
-                prefill += n
-                pairs += n * (seq.num_computed_tokens + n)
-            else:
-                rows += n  # one row, plus one per draft to verify
-                context += n * seq.num_tokens
-        return StepShape(prefill, rows, context, pairs)
-
     def _observe_step(self, shape: StepShape, retired: int, seconds: float) -> None:
         self.stats.observe("step", seconds)
         if self.budget is not None:
@@ -383,7 +369,7 @@ class LLMEngine:
         self.drain.observe(retired, seconds, bool(self.scheduler.waiting))
 
     def drain_rate(self) -> float:
-        """Prefill tokens per second the queue is retired at: measured while requests wait,
+        """Prompt tokens per second the queue is retired at: measured while requests wait,
         else the step budget's estimate under the current decodes (inf without a budget)."""
         if self.drain.rate is not None:
             return self.drain.rate
@@ -476,35 +462,9 @@ class LLMEngine:
         """Raise if the engine can no longer compute (a tensor-parallel rank died)."""
         self.runner.check_health()
 
-    # -- cache state for the replica server ------------------------------------------------
+    # -- cache state for the replica server (replica_load.py) -------------------------------
     def load(self) -> dict:
-        return {"running": len(self.scheduler.running),
-                "waiting": len(self.scheduler.waiting) + self.structured.num_pending_seqs,
-                "kv_usage": round(self.pool.usage(), 4),
-                "pending_prefill_tokens": self.scheduler.pending_prefill_tokens(),
-                "num_free_blocks": self.pool.num_free_blocks,
-                "num_total_blocks": self.pool.num_blocks,
-                "pinned_blocks": self.pool.num_pinned_blocks,
-                "drain_rate_tok_s": round(min(self.drain_rate(), 1e9), 1),
-                **({"target_itl_s": self.budget.target_itl_s,
-                    "prefill_floor_tokens": self.budget.floor_tokens} if self.budget else {}),
-                "max_pinned_blocks": self.pool.max_pinned_blocks,
-                "by_priority": load_by_priority(self.scheduler.running, self.scheduler.waiting),
-                **({"kv_transfer": self.kv_connector.load()} if self.kv_connector else {}),
-                **({"kv_tier": self._tier_load()} if self.pool.tier is not None else {})}
-
-    def _tier_load(self) -> dict:
-        """The tier's state, and what restoring a token costs next to prefilling it (the
-        gateway prices a tier hit with it)."""
-        info = self.pool.tier.info()
-        per_token, rate = self.pool.tier.restore_seconds_per_token(), self.drain_rate()
-        if per_token is not None and 0 < rate < float("inf"):
-            info["restore_cost"] = round(min(1.0, per_token * rate), 4)
-        return info
+        return engine_load(self)
 
     def kv_snapshot(self) -> dict:
-        seq = self.pool.event_seq  # read before the blocks: replaying later events is idempotent
-        return {"seq": seq, "block_size": self.block_size, "namespace_rule": NAMESPACE_RULE,
-                "model": self.model_id, "blocks": self.pool.cached_hashes(),
-                **({"tier_blocks": self.pool.tier_hashes()} if self.pool.tier is not None else {}),
-                "load": self.load()}
+        return kv_snapshot(self)

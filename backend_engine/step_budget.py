@@ -94,9 +94,16 @@ class StepBudget:
         return tokens / step if step > 0 else float("inf")
 
 
+def prompt_work(scheduled: list) -> int:
+    """Queued prompt tokens a scheduled step computes (a lone last prompt token included; what
+    it found cached the caller adds): the work QueueDrain measures."""
+    return sum(n for seq, n in scheduled
+               if seq.num_computed_tokens < max(seq.num_prompt_tokens, seq.num_tokens - 1))
+
+
 class QueueDrain:
-    """Prefill tokens per second the engine actually retires while requests wait (an
-    exponentially weighted rate over busy steps)."""
+    """Prompt tokens per second the engine actually retires while requests wait, computed or
+    found cached (an exponentially weighted rate over busy steps)."""
 
     def __init__(self, half_life_s: float = 5.0):
         self.half_life_s = half_life_s

@@ -36,6 +36,19 @@ class StepShape:
     context_tokens: int = 0  # summed over decode rows
     attention_pairs: int = 0  # summed over prefill chunks: query_len * context_len (incl. chunk)
 
+    @classmethod
+    def of(cls, scheduled: list) -> StepShape:
+        """The shape of a scheduled step: (sequence, tokens to run) pairs, before it runs."""
+        prefill = rows = context = pairs = 0
+        for seq, n in scheduled:
+            if seq.num_tokens - seq.num_computed_tokens > 1:  # a prompt chunk or recompute
+                prefill += n
+                pairs += n * (seq.num_computed_tokens + n)
+            else:
+                rows += n  # one row, plus one per draft to verify
+                context += n * seq.num_tokens
+        return cls(prefill, rows, context, pairs)
+
     def features(self) -> list[float]:
         return [1.0, float(self.prefill_tokens), float(self.decode_rows),
                 float(self.context_tokens), self.attention_pairs / 1000.0,
