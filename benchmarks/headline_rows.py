@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from backend_engine.dtype import resolve_dtype
 
 SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-LLAMACPP = "llama.cpp `llama-server` (the GGUF's Q4_1 weights as stored, {slots} slots)"
+LLAMACPP = "llama.cpp `llama-server` (the GGUF's {gguf} weights as stored, {slots} slots)"
+# the GGUF each model name serves, as llama.cpp reads it
+GGUF_TYPES = {"default": "Q4_1", "gemma3-270m": "Q4_K_M"}
 
 
 @dataclass(frozen=True)
@@ -48,20 +50,28 @@ def kvgate_weights(quantization: str | None, dtype: str) -> str:
 
 def trace_load(doc: dict) -> str:
     a, engine = args(doc), doc["results"].get("engine") or {}
+    model = a.get("model", "default")
+    gguf = GGUF_TYPES.get(model, "Q4_1")
     quant = engine.get("quantization")
-    if quant is None and a.get("model", "default") == "default":
-        quant = "int4"  # the default GGUF (Q4_1) is served as stored
+    as_stored = quant is None and model in GGUF_TYPES  # a GGUF is served in its stored format
+    if as_stored and gguf == "Q4_1":
+        quant, as_stored = "int4", False
     dtype = engine_dtype(engine.get("dtype"))
     split = "".join(f", {v} {k}" for k, v in (("replicas", a.get("replicas")),
                                               ("threads each", a.get("threads"))) if v)
+    weights = (f"the {gguf} GGUF as stored, {dtype} compute" if as_stored
+               else kvgate_weights(quant, dtype))
+    name = "" if model == "default" else f" {model}"
     sides = (f"a burst of {a.get('rows')} Mooncake-trace chats ({a.get('speedup')}x speed), same cores: "
-             f"kvgate up ({kvgate_weights(quant, dtype)}{split}) vs "
-             + LLAMACPP.format(slots=a.get("llamacpp_parallel")))
-    if quant == "int4":
+             f"kvgate up{name} ({weights}{split}) vs "
+             + LLAMACPP.format(gguf=gguf, slots=a.get("llamacpp_parallel")))
+    if quant == "int4" and gguf == "Q4_1":
         return sides + "; both 4-bit in 32-weight groups with a scale and a minimum"
+    if as_stored:
+        return sides + "; the same file on both sides (kvgate: Q4_K as int4 groups of 32, Q6_K as int8)"
     if quant:
-        return sides + f"; the weights differ ({quant} vs Q4_1)"
-    return sides + f"; the weights differ (that Q4_1 dequantised to {dtype} vs Q4_1 as stored)"
+        return sides + f"; the weights differ ({quant} vs {gguf})"
+    return sides + f"; the weights differ (that {gguf} dequantised to {dtype} vs {gguf} as stored)"
 
 
 def engine_throughput(doc: dict) -> str:
@@ -104,6 +114,7 @@ def spec_decode(doc: dict) -> str:
 ROWS: tuple[Row, ...] = (
     Row("trace_load", trace_load, TRACE_FIGURES),
     Row("trace_load", trace_load, TRACE_FIGURES, file="trace_load_int4"),
+    Row("trace_load", trace_load, TRACE_FIGURES, file="trace_load_gemma3-270m"),
     Row("vs_smg", "{args[rows]} Mooncake-trace and {args[rows]} business chats (shared system prompts and "
         "documents) on {args[replicas]} fresh kvgate replicas per turn: kvgate's gateway (prefix_cost, "
         "no tokenizer flag) vs SGLang's `smg` (cache_aware), worst of the two workloads",
@@ -151,7 +162,7 @@ ROWS: tuple[Row, ...] = (
         ("int8 perplexity ×{int8_ppl_ratio}, agreement {int8_greedy_agreement}",
          "int4 perplexity ×{int4_ppl_ratio}, agreement {int4_greedy_agreement}")),
     Row("quant_speed", "a kvgate replica with int4 weights (32-weight groups, bf16 compute) vs "
-        + LLAMACPP.format(slots="{args[concurrency]}") + ", both 4-bit, {args[threads]} threads each, "
+        + LLAMACPP.format(gguf="Q4_1", slots="{args[concurrency]}") + ", both 4-bit, {args[threads]} threads each, "
         "measured in turns",
         ("decode tok/s c=1 ×{int4_c1_vs_llamacpp}", "c=16 ×{int4_c16_vs_llamacpp}")),
     Row("priority", "kvgate engine, interactive requests arriving in a batch flood: priority vs FCFS "

@@ -76,6 +76,9 @@ def test_publisher_streams_and_replays_like_vllm():
         topic, seq, payload = sub.recv_multipart()
         assert topic == b"kv" and int.from_bytes(seq, "big") == 0
         assert BatchDecoder().decode(payload).data_parallel_rank == 0
+        for expected in (1, 2):  # every batch published (so buffered) before asking to replay
+            assert sub.poll(5000)
+            assert int.from_bytes(sub.recv_multipart()[1], "big") == expected
         dealer.connect(f"tcp://127.0.0.1:{replay}")
         dealer.send_multipart([b"", (1).to_bytes(8, "big")])
         answers = []
