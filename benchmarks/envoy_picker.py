@@ -38,8 +38,8 @@ from benchmarks.routing_tier import EnvoyTier, GatewayTier, Tier, free_port
 
 TIERS = {"gateway": GatewayTier, "envoy": EnvoyTier}
 # Part 1 also runs Envoy with the picker out of the response bytes (response_body NONE): no usage
-# for the dashboard and the booking ends at the response headers, but one ext_proc message fewer
-# per response chunk.
+# for the dashboard, the booking ends when Envoy closes the ext_proc stream (the end of the HTTP
+# stream), and one ext_proc message fewer per response chunk.
 TIER_VARIANTS = {**TIERS, "envoy_no_body": EnvoyTier}
 
 
