@@ -10,7 +10,8 @@ over the fixture reached directly (p50, p99; direct and through the tier in `--r
 and the CPU seconds per request of the tier's processes (the gateway; Envoy + picker) from /proc; then a stepped rate search (x`--step`
 per step, `--step-s` seconds each, a failed step measured once more, `--search-budget-s` per
 tier) for the highest rate at which every request succeeds, completions keep up with arrivals,
-and p99 stays under the bound.
+and p99 stays under the bound, refined by `--refine` bisections between the last rate sustained
+and the first that failed.
 
 Part 2, routing quality: `--replicas` real replicas of the default model (2 by default, for a
 shared 2-core machine; eager unless `--compiled`), started fresh for each tier, serve_bench's
@@ -37,8 +38,8 @@ from benchmarks.routing_tier import EnvoyTier, GatewayTier, Tier, free_port
 
 TIERS = {"gateway": GatewayTier, "envoy": EnvoyTier}
 # Part 1 also runs Envoy with the picker out of the response bytes (response_body NONE): no usage
-# for the dashboard and the booking ends at the response headers, but one ext_proc message fewer
-# per response chunk.
+# for the dashboard, the booking ends when Envoy closes the ext_proc stream (the end of the HTTP
+# stream), and one ext_proc message fewer per response chunk.
 TIER_VARIANTS = {**TIERS, "envoy_no_body": EnvoyTier}
 
 
@@ -52,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-start", type=float, default=5.0, help="first rate of the search")
     p.add_argument("--step", type=float, default=1.4, help="rate factor between search steps")
     p.add_argument("--step-s", type=float, default=5.0, help="seconds per search step")
-    p.add_argument("--search-budget-s", type=float, default=120.0, help="search time per tier, at most")
+    p.add_argument("--refine", type=int, default=2, help="bisections after the stepped search")
+    p.add_argument("--search-budget-s", type=float, default=150.0, help="search time per tier, at most")
     p.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
     p.add_argument("--replicas", type=int, default=2, help="real replicas for part 2")
     p.add_argument("--concurrency", type=int, default=8, help="part 2's requests in flight")
@@ -86,19 +88,36 @@ def sustains(base: str, rate: float, step_s: float, bound_s: float) -> tuple[boo
 
 def rate_search(base: str, args: argparse.Namespace, say) -> dict:
     """Step the rate up until a step fails twice in a row (a failed step is measured once more:
-    a busy shared machine stalls a single run now and then), or the time budget is spent."""
+    a busy shared machine stalls a single run now and then), or the time budget is spent; then
+    `--refine` bisections (geometric) between the highest rate sustained and the lowest failed,
+    so that two tiers a step apart are not read as a whole step (x`--step`) apart."""
     rate, best, steps, deadline = args.search_start, 0.0, [], time.monotonic() + args.search_budget_s
-    misses = 0
+    failed_at = None
+
+    def sustained(rate: float) -> bool:
+        for _ in range(2):  # a failure is measured once more
+            if time.monotonic() + args.step_s > deadline:
+                return False
+            good, p99 = sustains(base, rate, args.step_s, args.p99_bound_ms / 1000)
+            steps.append({"rate": round(rate, 1), "p99_ms": round(1000 * p99, 2), "sustained": good})
+            say(f"  {rate:7.1f} req/s: p99 {1000 * p99:8.1f} ms {'ok' if good else 'over'}")
+            if good:
+                return True
+        return False
+
     while time.monotonic() + args.step_s <= deadline:
-        good, p99 = sustains(base, rate, args.step_s, args.p99_bound_ms / 1000)
-        steps.append({"rate": round(rate, 1), "p99_ms": round(1000 * p99, 2), "sustained": good})
-        say(f"  {rate:7.1f} req/s: p99 {1000 * p99:8.1f} ms {'ok' if good else 'over'}")
-        if good:
-            best, rate, misses = rate, rate * args.step, 0
-            continue
-        misses += 1
-        if misses == 2:
+        if not sustained(rate):
+            failed_at = rate
             break
+        best, rate = rate, rate * args.step
+    for _ in range(args.refine if best and failed_at else 0):
+        middle = (best * failed_at) ** 0.5
+        if time.monotonic() + args.step_s > deadline:
+            break
+        if sustained(middle):
+            best = middle
+        else:
+            failed_at = middle
     return {"max_rate": round(best, 1), "steps": steps}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -49,8 +50,11 @@ class Picked:
     first_byte: bool = False
 
 
+Send = Callable[[ext_proc.ProcessingResponse], Awaitable[None]]  # a message to the proxy, now
+
+
 class Exchange:
-    def __init__(self, state: GatewayState, endpoints: Endpoints) -> None:
+    def __init__(self, state: GatewayState, endpoints: Endpoints, send: Send | None = None) -> None:
         self.state, self.endpoints = state, endpoints
         self.started = time.perf_counter()
         self.headers: dict[str, str] = {}
@@ -61,8 +65,9 @@ class Exchange:
         self.picked: Picked | None = None
         self.finished = False
         self._scanner = UsageScanner()
-        # messages sent to the proxy before the phase's answer (a longer wait for it, queued)
-        self.interim: asyncio.Queue[ext_proc.ProcessingResponse] = asyncio.Queue()
+        # a message sent to the proxy before the phase's answer (a longer wait for it, queued)
+        self._send = send
+        self._interim: asyncio.Future | None = None
         self._body = bytearray()
 
     async def handle(self, request: ext_proc.ProcessingRequest) -> ext_proc.ProcessingResponse:
@@ -71,17 +76,20 @@ class Exchange:
                                        != ProcessingMode.NONE)
         phase = request.WhichOneof("request")
         try:
+            if phase == "response_body":  # first: one message per chunk of a streamed answer
+                return await self._response_body(request.response_body)
             if phase == "request_headers":
                 return await self._request_headers(request)
             if phase == "request_body":
-                return await self._request_body(request.request_body)
-            if phase == "response_headers":
+                answer = await self._request_body(request.request_body)
+            elif phase == "response_headers":
                 return await self._response_headers(request.response_headers)
-            if phase == "response_body":
-                return await self._response_body(request.response_body)
+            else:
+                return ext_proc.ProcessingResponse(**{phase: ext_proc.TrailersResponse()})
         except APIError as error:
-            return gie.error_response(error, self.path)
-        return ext_proc.ProcessingResponse(**{phase: ext_proc.TrailersResponse()})
+            answer = gie.error_response(error, self.path)
+        await self._interim_sent()  # a queued request's "wait longer" goes before its answer
+        return answer
 
     # -- request ---------------------------------------------------------------------------
     async def _request_headers(self, request: ext_proc.ProcessingRequest) -> ext_proc.ProcessingResponse:
@@ -177,8 +185,17 @@ class Exchange:
         return self.picked
 
     def _queued(self, max_wait_s: float) -> None:
-        """The request waits for room: the proxy is asked to wait for the answer that long."""
-        self.interim.put_nowait(gie.extend_timeout(max_wait_s + QUEUE_ANSWER_MARGIN_S))
+        """The request waits for room: the proxy is asked to wait for the answer that long (the
+        message goes now; the answer, written after it, when a replica has room)."""
+        if self._send is not None:
+            self._interim = asyncio.ensure_future(
+                self._send(gie.extend_timeout(max_wait_s + QUEUE_ANSWER_MARGIN_S)))
+
+    async def _interim_sent(self) -> None:
+        """The interim message, if any, is written before the answer that follows it."""
+        interim, self._interim = self._interim, None
+        if interim is not None:
+            await interim
 
     async def _served_by(self, endpoint: str) -> None:
         """The proxy retried: the chosen replica refused (503) or could not be reached, and the
@@ -202,12 +219,13 @@ class Exchange:
         picked = self.picked
         if picked is None:
             return gie.continue_headers("response_headers", remove=[gie.SERVED_HEADER])
-        served = gie.header_map(headers).get(gie.SERVED_HEADER, "")
+        values = gie.header_map(headers)
+        served = values.get(gie.SERVED_HEADER, "")
         if served and served != picked.endpoint:
             await self._served_by(served)
             picked = self.picked
         try:
-            picked.status = int(gie.header_map(headers).get(":status", "0"))
+            picked.status = int(values.get(":status", "0"))
         except ValueError:
             picked.status = 502
         if picked.status >= 500 and picked.status != 503:
@@ -274,4 +292,7 @@ class Exchange:
     async def close(self) -> None:
         """The proxy closed the stream: the response ended, or the client or the replica went
         away (then the request counts as 499 unless a status came back)."""
+        if self._interim is not None:  # the stream went while the request was queued
+            self._interim.cancel()
+            await asyncio.gather(self._interim, return_exceptions=True)
         await self._finish()

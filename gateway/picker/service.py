@@ -29,41 +29,19 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):
         self.open_streams = 0  # exchanges in progress (a gauge for tests and the dashboard)
 
     async def Process(self, request_iterator: AsyncIterator[ext_proc.ProcessingRequest],
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[ext_proc.ProcessingResponse]:
-        exchange = Exchange(self.state, self.endpoints)
+                      context: grpc.aio.ServicerContext) -> None:
+        """One answer per message, written as the message is handled (gRPC's read/write API:
+        no generator, and no task per message). A queued request's interim message (wait
+        longer) is written by the exchange itself before its answer. The proxy ending the
+        stream (the client went away) cancels this coroutine, and the work in progress with it."""
+        exchange = Exchange(self.state, self.endpoints, context.write)
         self.open_streams += 1
         try:
-            async for request in request_iterator:
-                if not request.HasField("request_body"):  # only routing may wait
-                    yield await exchange.handle(request)
-                    continue
-                async for response in _answers(exchange, request):
-                    yield response
+            while (request := await context.read()) is not grpc.aio.EOF:
+                await context.write(await exchange.handle(request))
         finally:
             self.open_streams -= 1
             await exchange.close()
-
-
-async def _answers(exchange: Exchange, request: ext_proc.ProcessingRequest
-                   ) -> AsyncIterator[ext_proc.ProcessingResponse]:
-    """The answer to one message, preceded by the interim messages the exchange sends while it
-    works on it (a queued request asks the proxy to wait longer). Cancelled (the proxy ended
-    the stream: the client went away), the work is cancelled with it."""
-    answer = asyncio.ensure_future(exchange.handle(request))
-    interim: asyncio.Future | None = None
-    try:
-        while not answer.done():
-            interim = asyncio.ensure_future(exchange.interim.get())
-            await asyncio.wait({answer, interim}, return_when=asyncio.FIRST_COMPLETED)
-            if interim.done():
-                yield interim.result()
-        yield answer.result()
-    finally:
-        if interim is not None and not interim.done():
-            interim.cancel()
-        if not answer.done():
-            answer.cancel()
-            await asyncio.gather(answer, return_exceptions=True)  # its queue place is left
 
 
 async def run_picker(config: GatewayConfig, grpc_address: str) -> None:
