@@ -83,7 +83,7 @@ class ModelRunner:
         self.layer_groups = layer_pages(self.kv_cache_groups, self.model.num_layers)[0]
         self.kv_pool = self._size_kv_pool(config, plan, baseline, max_model_len)
         self.allocate_kv(self.kv_pool.num_blocks)
-        self.forward_pass = PlannedForward(self.model, plan, self.kv_caches)
+        self.forward_pass = PlannedForward(self.model, plan, self.kv_caches, self.layer_groups)
         if tp.rank == 0:
             log.info("%s", self.forward_pass.describe())
             log.info("%s", self.kv_pool.describe(self.block_size, config.max_num_seqs,

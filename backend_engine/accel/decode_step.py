@@ -33,6 +33,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch._functorch.config as functorch_config
@@ -40,26 +42,72 @@ import torch._functorch.config as functorch_config
 from backend_engine.accel.compile import Compiled, own_copy
 from backend_engine.accel.cpu.template import weight_key
 from backend_engine.accel.paged_decode import paged_decode
+from backend_engine.attention.metadata import AttentionMetadata
 from backend_engine.attention.torch_backend import store_kv
-from backend_engine.models.layers import input_half, output_half, rms_norm
+from backend_engine.attention.window import decode_window
 from backend_engine.models.linear import Linear
 
 
-def _decode_step(hidden, cos, sin, layers, caches, final_norm, slot_mapping, block_tables,
-                 context_lens, eps: float, heads: int, kv_heads: int, head_dim: int,
-                 scale: float, linear: Linear):
-    """hidden [B, hidden]; layers: per layer (input norm, qkv weight, qkv bias, q/k head
-    norms, o weight, post-attention norm, gate/up weight, down weight: DecoderLayer.weights);
-    caches: per layer (K, V) pools."""
-    for (norm, qkv_weight, qkv_bias, qk_norm, o_weight, post_norm, gate_up_weight,
-         down_weight), (k_cache, v_cache) in zip(layers, caches):
-        q, k, v = input_half(hidden, norm, qkv_weight, qkv_bias, qk_norm, cos, sin, eps, heads,
-                             kv_heads, head_dim, linear)
-        store_kv(k, v, k_cache, v_cache, slot_mapping)
-        attn = paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
-        hidden = output_half(attn, hidden, o_weight, post_norm, gate_up_weight, down_weight,
-                             eps, linear)
-    return rms_norm(hidden, final_norm, eps)
+def _decode_step(hidden, cos, sin, layers, caches, final_norm, views, eps: float, heads: int,
+                 kv_heads: int, head_dim: int, scale: float, linear: Linear,
+                 structure: StepStructure):
+    """hidden [B, hidden]; layers: per layer its weights (the layer's weights()); caches: the
+    distinct (K, V) pools (StepStructure.layers names each layer's); views: per view of the KV
+    blocks (StepStructure.views), the decode rows' (slot mapping, block tables, context lens)."""
+    for weights, (kind, window, view, page) in zip(layers, structure.layers):
+        k_cache, v_cache = caches[page]
+        slot_mapping, block_tables, context_lens = views[view]
+
+        def attend(q, k, v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping,
+                   block_tables=block_tables, context_lens=context_lens, window=window):
+            store_kv(k, v, k_cache, v_cache, slot_mapping)
+            return paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, window)
+
+        layer_cos, layer_sin = (cos, sin) if kind is None else (cos[:, kind], sin[:, kind])
+        hidden = structure.layer(hidden, layer_cos, layer_sin, weights, attend, eps, heads,
+                                 kv_heads, head_dim, linear)
+    return structure.norm(hidden, final_norm, eps)
+
+
+@dataclass(frozen=True)
+class StepStructure:
+    """What the step's graph bakes in besides shapes: the family's layer and final norm
+    (LlamaModel.decode_layer, norm_fn) and, per layer, (its rotary kind or None, its window,
+    the view of the KV blocks its attention reads, its KV pools among the distinct ones). A
+    view is (KV cache group, window): the group's slot mapping and block tables, these cut to
+    the window for a sliding layer (attention/window.py). KV cache groups share pools
+    (kv_cache_groups.py): the graph takes each pool once."""
+    layer: Callable
+    norm: Callable
+    layers: tuple[tuple[int | None, int, int, int], ...]
+    views: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, model, layer_groups: list[int] | None, kv_caches) -> StepStructure:
+        groups = layer_groups or [0] * len(model.layers)
+        keys = [(g, layer.window) for g, layer in zip(groups, model.layers)]
+        views = tuple(dict.fromkeys(keys))
+        pools = list(dict.fromkeys(id(k) for k, _ in kv_caches))
+        return cls(model.decode_layer, model.norm_fn,
+                   tuple((layer.kind, layer.window, views.index(key), pools.index(id(k)))
+                         for layer, key, (k, _) in zip(model.layers, keys, kv_caches)), views)
+
+    @staticmethod
+    def pools(kv_caches) -> tuple:
+        """The distinct (K, V) pools of the layers' caches, in the order `of` numbers them."""
+        return tuple({id(k): (k, v) for k, v in kv_caches}.values())
+
+    def step_views(self, meta: AttentionMetadata, block_size: int) -> list[tuple]:
+        """The decode rows' (slot mapping, block tables, context lens) per view, from the
+        step's metadata."""
+        out = []
+        for group, window in self.views:
+            part = meta.group_metas[group] if meta.group_metas else meta
+            tables, lens = part.decode_block_tables, part.decode_context_lens
+            if window:
+                tables, lens = decode_window(tables, lens, window, block_size)
+            out.append((part.slot_mapping[:meta.num_decode_tokens], tables, lens))
+        return out
 
 
 _FIXED_ARGUMENTS = ("layers", "caches", "final_norm", "self")
@@ -125,10 +173,10 @@ class TemplateStep(torch.nn.Module):
         return cls(**{field: getattr(self, f"{name}_{field}") if value is _TENSOR else value
                       for field, value in fields})
 
-    def forward(self, hidden, cos, sin, caches, slot_mapping, block_tables, context_lens):
+    def forward(self, hidden, cos, sin, caches, views):
         layers = [tuple(self._get(spec) for spec in layer) for layer in self._specs]
-        return _decode_step(hidden, cos, sin, layers, caches, self._get(self._final),
-                            slot_mapping, block_tables, context_lens, *self._consts)
+        return _decode_step(hidden, cos, sin, layers, caches, self._get(self._final), views,
+                            *self._consts)
 
 
 class DecodeStep:
@@ -136,14 +184,16 @@ class DecodeStep:
 
     def __init__(self, layers: tuple, final_norm: torch.Tensor, eps: float, heads: int,
                  kv_heads: int, head_dim: int, scale: float, linear: Linear,
-                 templates: bool = False, cpp_wrapper: bool = False) -> None:
+                 structure: StepStructure, templates: bool = False,
+                 cpp_wrapper: bool = False) -> None:
         # Inductor's wrapper asserts every input's size and stride at each call (~600 asserts
         # here): the weights and pools are fixed, the step inputs are guarded
         options = {"guard_filter_fn": _step_input_guards, "size_asserts": False,
                    "alignment_asserts": False}
         if cpp_wrapper:  # the kernels apart at -O3, the wrapper at -O1: a shorter build
             options.update(cpp_wrapper=True, cpp_wrapper_build_separate=True)
-        self._consts = (eps, heads, kv_heads, head_dim, scale, linear)
+        self._consts = (eps, heads, kv_heads, head_dim, scale, linear, structure)
+        self.structure = structure
         self.templates, self.cpp_wrapper = templates, cpp_wrapper
         self.extra_bytes = 0  # what the graph holds besides the model's weights
         self._layers, self._final_norm = layers, final_norm
@@ -162,49 +212,57 @@ class DecodeStep:
         else:
             self._fn = Compiled(_decode_step, label, options=options, fallback=None)
         self._caches: object = None  # the KV caches it was compiled over (warm_up)
+        self._pools: tuple = ()  # their distinct (K, V) pools
 
     @property
     def failed(self) -> bool:
         return self._fn.failed
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 caches: tuple, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor) -> torch.Tensor | None:
+                 caches: tuple, views: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                 ) -> torch.Tensor | None:
         """The final-normed hidden states of the decode rows (after writing their K/V), or None
         if the graph cannot be compiled here (from then on: always None) or `caches` are not
-        the caches it was warmed up over (it does not guard on them: their shapes are baked in)."""
+        the caches it was warmed up over (it does not guard on them: their shapes are baked in).
+        views: per view (StepStructure.step_views), the rows' (slot mapping, block tables,
+        context lens)."""
         if self._fn.failed or caches is not self._caches:
             return None
-        if block_tables.shape[1] < 2:  # one block would specialise: pad (masked out)
-            block_tables = torch.nn.functional.pad(block_tables, (0, 2 - block_tables.shape[1]))
-        step = [hidden, cos, sin, slot_mapping, block_tables, context_lens]
+        pools = self._pools
+        # one block would specialise: pad (masked out)
+        views = [(slots, t if t.shape[1] >= 2 else torch.nn.functional.pad(t, (0, 2 - t.shape[1])),
+                  lens) for slots, t, lens in views]
+        step = [hidden, cos, sin, *(t for view in views for t in view)]
         one = hidden.shape[0] == 1
         if one and self.templates:  # the template graph has one form for every row count
             step = [torch.cat([t, t]) for t in step]
         if not one or self.templates:  # one row specialises: its own graph
             for tensor in step:
                 torch._dynamo.mark_dynamic(tensor, 0)
-        torch._dynamo.mark_dynamic(step[4], 1)
-        hidden, cos, sin, slot_mapping, block_tables, context_lens = step
+        for block_tables in step[4::3]:
+            torch._dynamo.mark_dynamic(block_tables, 1)
+        hidden, cos, sin = step[:3]
+        views = list(zip(step[3::3], step[4::3], step[5::3]))
         if self.templates:
-            out = self._fn(hidden, cos, sin, caches, slot_mapping, block_tables, context_lens)
+            out = self._fn(hidden, cos, sin, pools, views)
             return out if out is None or not one else out[:1]
-        return self._fn(hidden, cos, sin, self._layers, caches, self._final_norm, slot_mapping,
-                        block_tables, context_lens, *self._consts)
+        return self._fn(hidden, cos, sin, self._layers, pools, self._final_norm, views,
+                        *self._consts)
 
     def warm_up(self, caches: tuple, hidden_size: int, cos_sin) -> bool:
         """Compile now (start-up) for one row and for several. Writes K/V rows of zeros into
         the first slots of the caches, which hold nothing yet. True if it works."""
         dtype, device = self._final_norm.dtype, self._final_norm.device
-        self._caches = caches
+        self._caches, self._pools = caches, StepStructure.pools(caches)
         with torch.inference_mode():
             for rows in (1, 3):  # inference tensors, as in the engine's steps
                 hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=device)
                 positions = torch.arange(rows, device=device)
-                slots = torch.arange(rows, device=device)
-                tables = torch.zeros(rows, 3, dtype=torch.long, device=device)
-                lens = torch.arange(1, rows + 1, device=device)
-                if self(hidden, *cos_sin(positions), caches, slots, tables, lens) is None:
+                views = [(torch.arange(rows, device=device),
+                          torch.zeros(rows, 3, dtype=torch.long, device=device),
+                          torch.arange(1, rows + 1, device=device))
+                         for _ in self.structure.views]
+                if self(hidden, *cos_sin(positions), caches, views) is None:
                     return False
         return True
 

@@ -21,7 +21,7 @@ import torch
 
 from backend_engine.accel import forms
 from backend_engine.accel.compiled_layers import CompiledLayers, compiled_layers
-from backend_engine.accel.decode_step import DecodeStep, candidates
+from backend_engine.accel.decode_step import DecodeStep, StepStructure, candidates
 from backend_engine.accel.plan import Plan
 from backend_engine.attention.metadata import AttentionMetadata
 from backend_engine.models.linear import Linear
@@ -40,7 +40,9 @@ def weight_formats(model) -> set[str]:
 class PlannedForward:
     """The plan's forward pass over one model and one engine's KV caches."""
 
-    def __init__(self, model, plan: Plan, kv_caches) -> None:
+    def __init__(self, model, plan: Plan, kv_caches,
+                 layer_groups: list[int] | None = None) -> None:
+        """layer_groups: each layer's KV cache group (None: one group)."""
         self.model = model
         self.formats = weight_formats(model)
         self.notes: list[str] = []
@@ -49,9 +51,10 @@ class PlannedForward:
         if decode["int8"] == "template" and self.formats != {"int8"}:
             decode["int8"] = "kernel"  # the template step freezes every layer: all int8 or none
         prompt = self._checked_prompt(plan, decode)
-        compiled = plan.compiled and model.compiles
-        if plan.compiled and not compiled:
-            self.notes.append(f"{type(model).__name__} layers eager: the compiled pieces "
+        compiled = plan.compiled and (model.compiles or model.decode_layer is not None)
+        if plan.compiled and not model.compiles:
+            rows = "prompt rows' layers" if compiled else "layers"
+            self.notes.append(f"{type(model).__name__} {rows} eager: the compiled layers "
                               "trace the Llama layer")
         self.plan = dataclasses.replace(plan, decode=decode, prompt=prompt, compiled=compiled)
         self.linear = forms.linear("decode", tuple(sorted(decode.items())), cuda, plan.experts)
@@ -64,7 +67,7 @@ class PlannedForward:
             self.layers[self.prompt_linear] = None
         self.decode_step: DecodeStep | None = None
         if compiled:
-            self._compile(kv_caches, decode)
+            self._compile(kv_caches, decode, layer_groups)
 
     def _checked_prompt(self, plan: Plan, decode: dict[str, str]) -> dict[str, str]:
         """The plan's prompt forms where they run here; int4 ones read torch's packed layout
@@ -88,24 +91,32 @@ class PlannedForward:
                     self.notes.append("int4 prompt templates unavailable here: tiles")
         return prompt
 
-    def _compile(self, kv_caches, decode: dict[str, str]) -> None:
+    def _compile(self, kv_caches, decode: dict[str, str], layer_groups: list[int] | None
+                 ) -> None:
         started = time.perf_counter()
-        for linear in self.layers:
+        m = self.model
+        for linear in self.layers if m.compiles else ():
             layers = compiled_layers(self.model, linear)
             if layers.warm_up(self.model):
                 self.layers[linear] = layers
             else:
                 self.notes.append(f"{linear.name} layers eager (compiling failed)")
-        m = self.model
-        if m.attention.name == "torch":
+        shared = len(StepStructure.pools(kv_caches)) < len(m.layers)
+        if shared and m.decode_layer is not None:
+            # a pool written by several layers in one graph: Inductor copies it whole at each
+            # store instead of writing in place (a step of seconds)
+            self.notes.append("decode step unavailable: KV cache groups share pools; layer by "
+                              "layer")
+        if m.attention.name == "torch" and m.decode_layer is not None and not shared:
             templates = "int8" in self.formats and decode["int8"] == "template"
             if templates:
                 log.info("compiling the decode step with GEMM templates: minutes with a cold "
                          "Inductor cache")
             shape = (m.norm, m.eps, m.num_heads, m.num_kv_heads, m.head_dim, m.scale)
             layers = tuple(layer.weights() for layer in m.layers)
+            structure = StepStructure.of(m, layer_groups, kv_caches)
             for frozen, cpp in candidates(m.device, templates):
-                step = DecodeStep(layers, *shape, self.linear, templates=frozen,
+                step = DecodeStep(layers, *shape, self.linear, structure, templates=frozen,
                                   cpp_wrapper=cpp)
                 if step.warm_up(kv_caches, m.embed.shape[1], m.rotary.cos_sin):
                     self.decode_step = step
@@ -128,9 +139,8 @@ class PlannedForward:
         cos, sin = m.rotary.cos_sin(positions)
         nd = meta.num_decode_tokens
         if self.decode_step is not None and nd:
-            out = self.decode_step(hidden[:nd], cos[:nd], sin[:nd], kv_caches,
-                                   meta.slot_mapping[:nd], meta.decode_block_tables,
-                                   meta.decode_context_lens)
+            views = self.decode_step.structure.step_views(meta, kv_caches[0][0].shape[1])
+            out = self.decode_step(hidden[:nd], cos[:nd], sin[:nd], kv_caches, views)
             if out is not None:
                 if not meta.prefills:
                     return out

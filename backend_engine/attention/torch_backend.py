@@ -6,7 +6,8 @@ matmul with little padding, instead of every sequence being padded to the longes
 the step; a group's gathered K/V is small (a few MB), so it is still in cache when the two
 matmuls read it (small groups ran several times faster per byte than large ones). The compiled
 decode step (accel/decode_step.py) reads decode K/V in place instead, where the plan compiles.
-A prefill chunk gathers its context's blocks (one index_select) and runs SDPA.
+A prefill chunk gathers its context's blocks (one index_select) and runs SDPA. A sliding-window
+layer reads only the blocks its window covers (window.py), decode and prefill rows alike.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from backend_engine.attention.decode_groups import DecodeGroup, decode_groups
 from backend_engine.attention.metadata import AttentionMetadata
+from backend_engine.attention.window import decode_window, prefill_window_start
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -40,19 +42,25 @@ class TorchAttention:
         # dense, whatever the strides of query (a view into the qkv projection)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         nd = meta.num_decode_tokens
+        block_size = k_cache.shape[1]
         if nd:
-            groups = meta.scratch.get("decode_groups")
-            if groups is None:  # once per step, shared by every layer
+            groups = meta.scratch.get(("decode_groups", window))
+            if groups is None:  # once per step and window, shared by the layers
                 bytes_per_token = 2 * k_cache[0, 0].numel() * k_cache.element_size()
-                groups = meta.scratch["decode_groups"] = decode_groups(
-                    meta.decode_block_tables, meta.decode_context_lens, k_cache.shape[1],
-                    bytes_per_token, query.device, query.dtype)
+                tables, lens = meta.decode_block_tables, meta.decode_context_lens
+                if window:
+                    tables, lens = decode_window(tables, lens, window, block_size)
+                groups = meta.scratch[("decode_groups", window)] = decode_groups(
+                    tables, lens, block_size, bytes_per_token, query.device, query.dtype)
             for group in groups:
                 self._decode(query[:nd], k_cache, v_cache, group, scale, window, out[:nd])
         for chunk in meta.prefills:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
-            k = _gather(k_cache, chunk.block_table, chunk.context_len)
-            v = _gather(v_cache, chunk.block_table, chunk.context_len)
+            first = (prefill_window_start(chunk.context_len, chunk.query_len, window,
+                                          block_size) if window else 0)
+            table, context_len = chunk.block_table[first:], chunk.context_len - first * block_size
+            k = _gather(k_cache, table, context_len)
+            v = _gather(v_cache, table, context_len)
             out[rows] = self._prefill(query[rows], k, v, scale, window)
         return out
 

@@ -13,13 +13,16 @@ the config (`model_type` gemma3_text):
   base (`rope_parameters[layer_type]`); the two kinds keep their KV blocks in KV cache groups
   of their own (kv_cache_groups.py), so each layer reads its group's metadata.
 
-Its layers run eager with the plan's Linear (`compiles = False`: the compiled pieces trace the
-Llama layer).
+One layer's math is `gemma3_layer`, around an `attend(q, k, v)`: the eager layers call it with
+the attention backend, the plan's compiled decode step (accel/decode_step.py) traces it with its
+paged decode attention, each layer's window and rotary kind baked in. Prompt rows run eager
+with the plan's Linear (`compiles = False`: the compiled layers trace the Llama layer).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,6 +41,28 @@ _NORM = re.compile(r"norm\.weight$")
 
 def _fp32(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(dtype=torch.float32, device=device).contiguous()
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def gemma3_layer(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights: tuple,
+                 attend: Callable, eps: float, heads: int, kv_heads: int, head_dim: int,
+                 linear: Linear, all_reduce: Callable = _identity) -> torch.Tensor:
+    """One Gemma 3 layer over `weights` (Gemma3DecoderLayer.weights()) and the layer's own
+    cos/sin; attend(q, k, v) stores K/V and gives attention's output [T, H, D]."""
+    (input_norm, qkv_weight, qk_norm, o_weight, post_attn_norm, pre_ff_norm, gate_up_weight,
+     down_weight, post_ff_norm) = weights
+    norm = rms_norm_fp32_scale
+    q, k, v = input_half(hidden, input_norm, qkv_weight, None, qk_norm, cos, sin, eps, heads,
+                         kv_heads, head_dim, linear, norm)
+    attn = attend(q, k, v)
+    attn = all_reduce(linear(attn.reshape(attn.shape[0], -1), o_weight))
+    hidden = hidden + norm(attn, post_attn_norm, eps)
+    gate, up = linear(norm(hidden, pre_ff_norm, eps), gate_up_weight).chunk(2, -1)
+    mlp = all_reduce(linear(F.gelu(gate, approximate="tanh") * up, down_weight))
+    return hidden + norm(mlp, post_ff_norm, eps)
 
 
 class Gemma3DecoderLayer(Qwen3DecoderLayer):
@@ -59,25 +84,31 @@ class Gemma3DecoderLayer(Qwen3DecoderLayer):
     def head_norms(self, w, prep: WeightPrep) -> torch.Tensor:
         return _fp32(self.head_norm_weights(w), prep.device)
 
+    def weights(self) -> tuple:
+        """(input norm, qkv weight, q/k head norms, o weight, post-attention norm,
+        pre-feedforward norm, gate/up weight, down weight, post-feedforward norm)."""
+        return (self.input_norm, self.qkv_weight, self.qk_norm, self.o_weight,
+                self.post_attn_norm, self.pre_ff_norm, self.gate_up_weight, self.down_weight,
+                self.post_ff_norm)
+
     def __call__(self, hidden, cos, sin, k_cache, v_cache, meta: AttentionMetadata,
                  linear: Linear):
         m = self.model
-        norm = rms_norm_fp32_scale
-        q, k, v = input_half(hidden, self.input_norm, self.qkv_weight, None, self.qk_norm,
-                             cos[:, self.kind], sin[:, self.kind], m.eps, m.num_heads,
-                             m.num_kv_heads, m.head_dim, linear, norm)
-        m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        attn = m.attention.forward(q, k_cache, v_cache, meta, m.scale, self.window)
-        attn = m.tp.all_reduce(linear(attn.reshape(attn.shape[0], -1), self.o_weight))
-        hidden = hidden + norm(attn, self.post_attn_norm, m.eps)
-        gate, up = linear(norm(hidden, self.pre_ff_norm, m.eps), self.gate_up_weight).chunk(2, -1)
-        mlp = m.tp.all_reduce(linear(F.gelu(gate, approximate="tanh") * up, self.down_weight))
-        return hidden + norm(mlp, self.post_ff_norm, m.eps)
+
+        def attend(q, k, v):
+            m.attention.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            return m.attention.forward(q, k_cache, v_cache, meta, m.scale, self.window)
+
+        return gemma3_layer(hidden, cos[:, self.kind], sin[:, self.kind], self.weights(),
+                            attend, m.eps, m.num_heads, m.num_kv_heads, m.head_dim, linear,
+                            m.tp.all_reduce)
 
 
 class Gemma3Model(LlamaModel):
     layer_class = Gemma3DecoderLayer
     compiles = False
+    decode_layer = staticmethod(gemma3_layer)
+    norm_fn = staticmethod(rms_norm_fp32_scale)
     rotary_layer_types = LAYER_TYPES
 
     @staticmethod

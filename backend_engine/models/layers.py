@@ -5,6 +5,8 @@ Attention in between reads and writes the paged KV cache and sees which rows bel
 sequence; these halves treat every row alike. The reference layers (llama.py) call them eager
 with the tensor-parallel all-reduce; the compiled layers and decode step (accel/) trace the same
 functions. Every matmul goes through `linear`, the one linear interface (linear.py).
+`decoder_layer` is a whole layer around an `attend(q, k, v)` that stores K/V and attends: what
+the compiled decode step runs per layer (a family whose layer differs gives its own, gemma3.py).
 """
 
 from __future__ import annotations
@@ -63,6 +65,18 @@ def output_half(attn: torch.Tensor, residual: torch.Tensor, o_weight, norm: torc
     hidden = residual + all_reduce(linear(attn.reshape(attn.shape[0], -1), o_weight))
     x = rms_norm(hidden, norm, eps)
     return hidden + all_reduce(silu_mlp(x, gate_up_weight, down_weight, linear))
+
+
+def decoder_layer(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights: tuple,
+                  attend: Callable, eps: float, heads: int, kv_heads: int, head_dim: int,
+                  linear: Linear) -> torch.Tensor:
+    """The Llama layer over `weights` (DecoderLayer.weights()); attend(q, k, v) → [T, H, D]."""
+    (norm, qkv_weight, qkv_bias, qk_norm, o_weight, post_norm, gate_up_weight,
+     down_weight) = weights
+    q, k, v = input_half(hidden, norm, qkv_weight, qkv_bias, qk_norm, cos, sin, eps, heads,
+                         kv_heads, head_dim, linear)
+    return output_half(attend(q, k, v), hidden, o_weight, post_norm, gate_up_weight,
+                       down_weight, eps, linear)
 
 
 def silu_mlp(x: torch.Tensor, gate_up_weight, down_weight, linear: Linear) -> torch.Tensor:

@@ -25,7 +25,7 @@ from backend_engine.distributed.group import SINGLE, TensorParallelGroup
 from backend_engine.distributed.sharding import shard_layout
 from backend_engine.distributed.vocab import embed_tokens, gather_logits
 from backend_engine.errors import ModelLoadError
-from backend_engine.models.layers import input_half, output_half, rms_norm
+from backend_engine.models.layers import decoder_layer, input_half, output_half, rms_norm
 from backend_engine.models.linear import REFERENCE, Linear
 from backend_engine.models.rotary import RotaryEmbedding
 from backend_engine.quant.formats import cat_rows, is_quantized
@@ -45,6 +45,9 @@ class WeightPrep(Protocol):
 
 
 class DecoderLayer:
+    kind: int | None = None  # which of the step's cos/sin it takes (rotary_layer_types); None: all
+    window = 0  # its sliding window (0: full attention)
+
     def __init__(self, weights: dict[str, Any], prefix: str, model: "LlamaModel",
                  prep: WeightPrep):
         self.model = model
@@ -109,9 +112,12 @@ class DecoderLayer:
 
 class LlamaModel:
     layer_class = DecoderLayer  # a family's own layer (qwen3.py) subclasses it
-    # the plan's compiled layers and decode step (accel/) trace this class's layers; a family
-    # whose layers differ otherwise (gemma3.py) runs them eager, each matmul the plan's Linear
+    # the plan's compiled layers (accel/) trace this class's layers; a family whose layers
+    # differ otherwise (gemma3.py) runs its prompt rows eager, each matmul the plan's Linear
     compiles = True
+    # one layer as the compiled decode step runs it, over its layer's weights(); None: no step
+    decode_layer = staticmethod(decoder_layer)
+    norm_fn = staticmethod(rms_norm)  # the family's RMSNorm (the final norm's)
     rotary_layer_types: tuple[str, ...] = ()  # kinds of layer with rotary settings of their own
 
     @staticmethod

@@ -127,6 +127,7 @@ class MoEModel(LlamaModel):
     its experts' width, its checkpoint's names and its router."""
     layer_class = MoEDecoderLayer
     compiles = False  # the compiled pieces trace the Llama layer's dense MLP
+    decode_layer = None
     expert_names = ExpertNames()
     expert_size_field = "intermediate_size"
 

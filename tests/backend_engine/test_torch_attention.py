@@ -7,6 +7,7 @@ import torch
 from backend_engine.attention import decode_groups as groups_module
 from backend_engine.attention.decode_groups import decode_groups
 from backend_engine.attention.torch_backend import TorchAttention
+from backend_engine.attention.window import decode_window, window_blocks
 from tests.backend_engine.accel.cuda.paged_cases import (naive_attention, random_paged_batch,
                                                       step_metadata)
 
@@ -89,14 +90,18 @@ class PagedDecode:
     compiled step is checked against the eager layers in tests/backend_engine/accel/)."""
     name = "paged_decode"
 
+    def __init__(self, cut: bool = True) -> None:
+        self.cut = cut  # the tables cut to the window, as the decode step passes them
+
     def forward(self, query, k_cache, v_cache, meta, scale, window=0):
         from backend_engine.accel.paged_decode import paged_decode
 
-        assert not window, "the decode step runs only families without sliding windows"
         nd = meta.num_decode_tokens
-        out = TorchAttention().forward(query, k_cache, v_cache, meta, scale)  # prefill rows
-        out[:nd] = paged_decode(query[:nd], k_cache, v_cache, meta.decode_block_tables,
-                                meta.decode_context_lens, scale)
+        out = TorchAttention().forward(query, k_cache, v_cache, meta, scale, window)  # prefills
+        tables, lens = meta.decode_block_tables, meta.decode_context_lens
+        if window and self.cut:
+            tables, lens = decode_window(tables, lens, window, k_cache.shape[1])
+        out[:nd] = paged_decode(query[:nd], k_cache, v_cache, tables, lens, scale, window)
         return out
 
 
@@ -104,3 +109,23 @@ class PagedDecode:
 def test_the_decode_steps_attention_matches_the_written_out_attention(lens):
     _check(lens, len(lens), [], attention=PagedDecode())
     _check(lens + [40], len(lens), [9], attention=PagedDecode())  # beside a prefill chunk
+
+
+@pytest.mark.parametrize("window", [1, 16, 40, 512])
+@pytest.mark.parametrize("cut", [True, False], ids=["cut", "masked"])
+def test_the_decode_steps_window_sees_the_window_up_to_each_query(window, cut):
+    _check(MIXED, len(MIXED), [], attention=PagedDecode(cut), window=window)
+    _check([2000, 3, 16, 17, 40], 4, [9], attention=PagedDecode(cut), window=window)
+
+
+@pytest.mark.parametrize("window", [1, 16, 17, 40])
+def test_a_decode_window_cuts_each_table_to_the_blocks_it_reads(window):
+    lens = torch.tensor(MIXED)
+    tables = torch.arange(len(MIXED) * 63).view(len(MIXED), 63)
+    cut, cut_lens = decode_window(tables, lens, window, 16)
+    assert cut.shape[1] == window_blocks(window, 16) < 63
+    for row, (length, cut_length) in enumerate(zip(lens.tolist(), cut_lens.tolist())):
+        first = (length - cut_length) // 16  # the row's positions from its first cut block on
+        assert (length - cut_length) % 16 == 0 and first * 16 <= max(0, length - window)
+        assert cut_length <= cut.shape[1] * 16
+        assert torch.equal(cut[row, :-(-cut_length // 16)], tables[row, first:-(-length // 16)])

@@ -267,7 +267,7 @@ def test_a_template_decode_step_holds_its_own_weights(template_llm):
                                                                   generator=gen)))
     other = {templates: decode_step.DecodeStep(
         tuple(map(tuple, layers)), model.norm, model.eps, model.num_heads, model.num_kv_heads,
-        model.head_dim, model.scale, forward.linear, templates=templates)
+        model.head_dim, model.scale, forward.linear, first.structure, templates=templates)
         for templates in (True, False)}
     caches = template_llm.engine.runner.kv_caches
     for step in other.values():
@@ -275,8 +275,8 @@ def test_a_template_decode_step_holds_its_own_weights(template_llm):
     with torch.inference_mode():  # inference tensors, as the engine's steps (guarded)
         hidden = torch.randn(3, model.embed.shape[1], generator=gen)
         inputs = (*model.rotary.cos_sin(torch.tensor([3, 4, 5])), caches,
-                  torch.tensor([40, 41, 42]), torch.tensor([[2, 3], [2, 3], [2, 3]]),
-                  torch.tensor([4, 5, 6]))
+                  [(torch.tensor([40, 41, 42]), torch.tensor([[2, 3], [2, 3], [2, 3]]),
+                    torch.tensor([4, 5, 6]))])
         out = {name: step(hidden.clone(), *inputs) for name, step in
                (("first", first), ("templates", other[True]), ("kernel", other[False]))}
     torch.testing.assert_close(out["templates"], out["kernel"], atol=2e-2, rtol=0)

@@ -1,0 +1,58 @@
+"""Gemma 3 in the compiled decode step (accel/decode_step.py): its own layer and norm, each layer's
+rotary kind and window baked in, sliding layers reading only their window's blocks; the decode
+rows' answers are the eager layers' (which tests/backend_engine/test_hybrid_kv_cache.py holds to
+transformers), with KV cache groups and with one masked group."""
+
+import random
+
+import pytest
+
+from backend_engine.llm import LLM
+from backend_engine.sampling_params import SamplingParams
+from tests.backend_engine.helpers import assert_answers_close
+
+MODEL = "tiny-random-gemma3"  # layers: full, sliding (window 16), full; block size 16
+PRODUCTION = dict(num_kv_blocks=256, max_num_batched_tokens=64)
+rng = random.Random(7)
+# contexts from under one window to several windows long, decoded past block boundaries
+PROMPTS = [[rng.randrange(1000, 40000) for _ in range(n)] for n in (5, 40, 90, 131)]
+PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=5)
+
+
+@pytest.fixture(scope="module", params=[{}, dict(disable_hybrid_kv_cache_manager=True)],
+                ids=["groups", "masked"])
+def gemma(request):
+    return LLM(MODEL, **PRODUCTION, **request.param)
+
+
+def test_gemma3_decode_rows_take_the_compiled_step(gemma):
+    forward = gemma.engine.runner.forward_pass
+    if forward.decode_step is None:  # KV cache groups: pools shared by layers
+        assert "share pools" in forward.describe()
+        assert len(set(map(id, gemma.engine.runner.kv_caches))) < 3
+        pytest.skip("KV cache groups share pools: decode rows run layer by layer")
+    assert forward.plan.compiled and forward.decode_step is not None
+    structure = forward.decode_step.structure
+    assert [window for _, window, _, _ in structure.layers] == [0, 16, 0]
+    assert [kind for kind, _, _, _ in structure.layers] == [0, 1, 0]
+    groups = gemma.engine.runner.layer_groups  # [0, 2, 1] with groups, [0, 0, 0] masked
+    assert set(structure.views) == set(zip(groups, [0, 16, 0]))
+
+
+def test_the_compiled_step_answers_as_the_eager_layers(gemma, monkeypatch):
+    """fp32 both ways: fused ops round apart by ulps only."""
+    compiled = [o.outputs[0] for o in gemma.generate(PROMPTS, PARAMS)]
+    assert gemma.engine.pool.reset_prefix_cache()
+    monkeypatch.setattr(gemma.engine.runner.forward_pass, "decode_step", None)
+    eager = [o.outputs[0] for o in gemma.generate(PROMPTS, PARAMS)]
+    assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]
+    assert_answers_close(compiled, eager, 1e-4)
+
+
+def test_no_gemma3_step_recompiles_after_start_up(gemma):
+    from torch._dynamo.utils import counters
+
+    gemma.generate(PROMPTS[:1], PARAMS)
+    before = sum(counters["stats"].values())
+    gemma.generate(PROMPTS, PARAMS)  # 1-4 decode rows, tables narrower and wider than a window
+    assert sum(counters["stats"].values()) == before
