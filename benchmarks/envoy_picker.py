@@ -184,7 +184,7 @@ def quality(args: argparse.Namespace, say) -> dict:
         spec = ClusterSpec(replicas=args.replicas, gateways=0, num_kv_blocks=setup.num_kv_blocks,
                            enforce_eager=not args.compiled)
         with Cluster(spec, say=say) as cluster:
-            tokenizer = f"*={tokenizer_folder(cluster.config.model)}"
+            tokenizer = f"*={tokenizer_folder(cluster.config.model, cluster.config.quantization)}"
             with tier_class(cluster.replica_urls, tokenizer) as tier:
                 summary, _ = asyncio.run(serve_bench.run_load(
                     [tier.url + "/v1"], None, None, jobs, setup.concurrency, None, setup.duration_s,

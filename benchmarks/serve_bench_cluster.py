@@ -68,7 +68,8 @@ class Cluster:
         self.config.validate()
         self.config.fill_keys()  # admin key always; a user key when gateways share Redis
         self.plan = build_plan(self.config, gpus=0, cores=count_cores(),
-                               tokenizer_folder=tokenizer_folder(self.config.model))
+                               tokenizer_folder=tokenizer_folder(self.config.model,
+                                                                 self.config.quantization))
         self.supervisor: Supervisor | None = None
 
     @property

@@ -93,7 +93,7 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         config.fill_keys()
-        tokenizer = tokenizer_folder(config.model) if config.gateways else None
+        tokenizer = tokenizer_folder(config.model, config.quantization) if config.gateways else None
         plan = build_plan(config, count_gpus(), count_cores(), tokenizer_folder=tokenizer)
         log_dir = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="kvgate-up-"))
         log_dir.mkdir(parents=True, exist_ok=True)

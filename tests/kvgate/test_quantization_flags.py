@@ -2,6 +2,8 @@
 (flag or config file), as do the plan's developer overrides (--engine-option); bad values are
 refused naming the flag or key."""
 
+from pathlib import Path
+
 import pytest
 
 from kvgate.cli import build_parser, engine_config_from_args
@@ -71,3 +73,16 @@ def test_up_config_refuses_bad_quantization(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         _up("--config", str(path))
+
+
+@pytest.mark.parametrize("quantization,weights", [(None, False), ("none", True)])
+def test_up_resolves_the_tokenizer_folder_as_its_replicas_will(quantization, weights):
+    """A GGUF served as stored: the gateways' tokenizer folder is the replicas' own (config and
+    tokenizer only), not a dequantised copy of the weights converted for nothing."""
+    from backend_engine.model_loader import gguf_source, resolve_model
+    from kvgate.launcher.tokenizer import tokenizer_folder
+
+    folder = Path(tokenizer_folder("default", quantization))
+    assert (folder / "tokenizer.json").is_file()
+    assert (gguf_source(folder) is None) is weights
+    assert folder == resolve_model("default", "int4" if quantization is None else "none").folder
