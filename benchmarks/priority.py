@@ -49,7 +49,7 @@ async def run(policy: str, args: argparse.Namespace) -> RunResult:
     engine = AsyncLLMEngine(EngineConfig(
         model=args.model, max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
         max_num_batched_tokens=args.max_num_batched_tokens, scheduling_policy=policy,
-        num_threads=args.num_threads))
+        num_threads=args.num_threads, enforce_eager=args.enforce_eager))
     await engine.start()
     tokenizer = engine.tokenizer
     batch_prompts = token_prompts(tokenizer, args.batch_streams * 8, args.batch_prompt_tokens, seed=1)
@@ -119,6 +119,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-num-batched-tokens", type=int, default=256)
     ap.add_argument("--num-kv-blocks", type=int, default=256)
     ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="nothing compiled (as vLLM's flag): a shorter start-up")
     ap.add_argument("--batch-streams", type=int, default=12)
     ap.add_argument("--batch-prompt-tokens", type=int, default=96)
     ap.add_argument("--batch-output-tokens", type=int, default=96)

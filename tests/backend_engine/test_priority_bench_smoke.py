@@ -10,7 +10,7 @@ def test_priority_benchmark_runs_and_priority_cuts_the_interactive_tail():
     args = parser().parse_args([
         "--model", "tiny-random", "--max-num-seqs", "2", "--batch-streams", "6",
         "--batch-output-tokens", "48", "--interactive", "4", "--interval", "0.1",
-        "--warmup", "0.5", "--num-kv-blocks", "128"])
+        "--warmup", "0.5", "--num-kv-blocks", "128", "--enforce-eager"])
     fcfs, prio = (asyncio.run(run(policy, args)) for policy in ("fcfs", "priority"))
     for r in (fcfs, prio):
         assert len(r.interactive_ttft_s) == 4
