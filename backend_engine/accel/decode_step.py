@@ -43,7 +43,7 @@ from backend_engine.accel.compile import Compiled, own_copy
 from backend_engine.accel.cpu.template import weight_key
 from backend_engine.accel.paged_decode import paged_decode
 from backend_engine.attention.metadata import AttentionMetadata
-from backend_engine.attention.torch_backend import store_kv
+from backend_engine.attention.torch_backend import store_kv_op
 from backend_engine.attention.window import decode_window
 from backend_engine.models.linear import Linear
 
@@ -60,7 +60,7 @@ def _decode_step(hidden, cos, sin, layers, caches, final_norm, views, eps: float
 
         def attend(q, k, v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping,
                    block_tables=block_tables, context_lens=context_lens, window=window):
-            store_kv(k, v, k_cache, v_cache, slot_mapping)
+            store_kv_op(k, v, k_cache, v_cache, slot_mapping)
             return paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, window)
 
         layer_cos, layer_sin = (cos, sin) if kind is None else (cos[:, kind], sin[:, kind])
