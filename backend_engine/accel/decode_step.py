@@ -7,7 +7,10 @@ check, argument handling and padding: at one or a few rows that costs more than 
 matmuls. Decode rows need none of it: one query each, attention over their blocks
 (paged_decode.py, the block-table lookup fused into the reductions), the same shapes in every
 layer. So they run as one graph, one call per step; the new K/V rows are written in place into
-the paged caches inside it (Inductor mutates the cache tensors, it does not copy them).
+the paged caches inside it. A store is one opaque op that declares the pools it writes
+(torch_backend.store_kv_op): KV cache groups share pools (kv_cache_groups.py), and a pool written
+by several layers, traced as plain index_copy_, became a new pool per write, each copied whole
+but the last; the op stays one in-place call on the pool itself, however many layers write it.
 
 The rows of a step's prefill chunks keep the layer-by-layer path: prompt chunks, and decode rows
 carrying speculative drafts, need prefill attention. Decode rows always come here, whatever else
