@@ -33,6 +33,7 @@ def gemma(request):
 def test_gemma3_decode_rows_take_the_compiled_step(gemma):
     forward = gemma.engine.runner.forward_pass
     assert forward.plan.compiled and forward.decode_step is not None
+    assert forward.decode_step.cpp_wrapper  # the C++ wrapper calls the store op too
     structure = forward.decode_step.structure
     assert [window for _, window, _, _ in structure.layers] == [0, 16, 0]
     assert [kind for kind, _, _, _ in structure.layers] == [0, 1, 0]
