@@ -210,6 +210,8 @@ NOT_HEADLINED = {
     "envoy_picker": "Envoy + kvgate picker against the gateway as the routing tier (behind-Envoy page)",
     "decode_attention": "decode attention forms against each other (engine page)",
     "mixed_step": "one mixed step against its matmuls (engine page)",
+    "decode_step": "one decode step with KV cache groups sharing pools and with a pool per "
+                   "layer (engine page)",
     "moe_experts": "one MoE layer's expert forms against each other (engine page)",
     "sliding_window_memory": "KV bytes, not speed: a sliding-window model's KV cache groups "
                              "(prefix-caching page, README family table)",

@@ -101,13 +101,7 @@ class PlannedForward:
                 self.layers[linear] = layers
             else:
                 self.notes.append(f"{linear.name} layers eager (compiling failed)")
-        shared = len(StepStructure.pools(kv_caches)) < len(m.layers)
-        if shared and m.decode_layer is not None:
-            # a pool written by several layers in one graph: Inductor copies it whole at each
-            # store instead of writing in place (a step of seconds)
-            self.notes.append("decode step unavailable: KV cache groups share pools; layer by "
-                              "layer")
-        if m.attention.name == "torch" and m.decode_layer is not None and not shared:
+        if m.attention.name == "torch" and m.decode_layer is not None:
             templates = "int8" in self.formats and decode["int8"] == "template"
             if templates:
                 log.info("compiling the decode step with GEMM templates: minutes with a cold "

@@ -24,11 +24,19 @@ from backend_engine.attention.window import decode_window, prefill_window_start
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write each token's K/V [T, KVH, D] into its slot of the paged caches [N, bs, KVH, D]
-    (also traced into the compiled decode step, accel/decode_step.py)."""
+    """Write each token's K/V [T, KVH, D] into its slot of the paged caches [N, bs, KVH, D]."""
     kv_heads, head_dim = k_cache.shape[-2:]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, key)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+
+# store_kv as one opaque op that declares what it writes, for the compiled decode step
+# (accel/decode_step.py). Traced as plain index_copy_, a pool that several layers of the graph
+# write (KV cache groups share pools) is functionalised into one new pool per write, and Inductor
+# writes only the last one in place: every earlier store copies the whole pool. An op that
+# mutates its arguments is kept as one in-place call on the pool, however many layers write it.
+store_kv_op = torch.library.custom_op("kvgate::store_kv", store_kv,
+                                      mutates_args=("k_cache", "v_cache"))
 
 
 class TorchAttention:

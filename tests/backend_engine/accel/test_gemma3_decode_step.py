@@ -1,12 +1,17 @@
 """Gemma 3 in the compiled decode step (accel/decode_step.py): its own layer and norm, each layer's
 rotary kind and window baked in, sliding layers reading only their window's blocks; the decode
 rows' answers are the eager layers' (which tests/backend_engine/test_hybrid_kv_cache.py holds to
-transformers), with KV cache groups and with one masked group."""
+transformers), with KV cache groups (one pool written by every layer) and with one masked
+group (a pool per layer); the stores write the pool in place."""
 
+import math
 import random
+import re
 
 import pytest
+import torch
 
+from backend_engine.accel import decode_step
 from backend_engine.llm import LLM
 from backend_engine.sampling_params import SamplingParams
 from tests.backend_engine.helpers import assert_answers_close
@@ -27,11 +32,8 @@ def gemma(request):
 
 def test_gemma3_decode_rows_take_the_compiled_step(gemma):
     forward = gemma.engine.runner.forward_pass
-    if forward.decode_step is None:  # KV cache groups: pools shared by layers
-        assert "share pools" in forward.describe()
-        assert len(set(map(id, gemma.engine.runner.kv_caches))) < 3
-        pytest.skip("KV cache groups share pools: decode rows run layer by layer")
     assert forward.plan.compiled and forward.decode_step is not None
+    assert forward.decode_step.cpp_wrapper  # the C++ wrapper calls the store op too
     structure = forward.decode_step.structure
     assert [window for _, window, _, _ in structure.layers] == [0, 16, 0]
     assert [kind for kind, _, _, _ in structure.layers] == [0, 1, 0]
@@ -56,3 +58,31 @@ def test_no_gemma3_step_recompiles_after_start_up(gemma):
     before = sum(counters["stats"].values())
     gemma.generate(PROMPTS, PARAMS)  # 1-4 decode rows, tables narrower and wider than a window
     assert sum(counters["stats"].values()) == before
+
+
+def test_the_step_writes_a_pool_shared_by_layers_in_place(gemma):
+    """Each store writes its rows into the pool itself: the graph allocates nothing the size of
+    a pool (functionalised index_copy_ into a pool several layers write made a new pool per
+    store), and the warm-up's K/V rows of zeros land in the caches the engine reads."""
+    from torch._inductor.utils import run_and_get_code
+
+    forward, runner = gemma.engine.runner.forward_pass, gemma.engine.runner
+    first, model = forward.decode_step, forward.model
+    step = decode_step.DecodeStep(first._layers, model.norm, model.eps, model.num_heads,
+                                  model.num_kv_heads, model.head_dim, model.scale,
+                                  forward.linear, first.structure)  # Python wrapper: readable
+    k_cache, v_cache = runner.kv_caches[0]
+    pools = {id(k) for k, _ in runner.kv_caches}
+    pointers = [(k.data_ptr(), v.data_ptr()) for k, v in runner.kv_caches]
+    assert gemma.engine.pool.reset_prefix_cache()  # block 0 holds nothing to keep
+    with torch.inference_mode():
+        k_cache[0, :3].fill_(1.0)
+        ok, codes = run_and_get_code(step.warm_up, runner.kv_caches, model.embed.shape[1],
+                                     model.rotary.cos_sin)
+    assert ok and len(codes) == 2  # one row, several rows
+    allocated = [math.prod(int(d) for d in shape.split(",") if d.strip())
+                 for shape in re.findall(r"empty_strided_cpu\(\(([\d, ]*)\)", "\n".join(codes))]
+    assert allocated and max(allocated) < k_cache.numel() // 4
+    assert len(pools) == (1 if runner.layer_groups != [0, 0, 0] else 3)
+    assert [(k.data_ptr(), v.data_ptr()) for k, v in runner.kv_caches] == pointers
+    assert not k_cache[0, :3].any()  # the warm-up's rows of zeros, written by the graph
