@@ -7,10 +7,11 @@ check, argument handling and padding: at one or a few rows that costs more than 
 matmuls. Decode rows need none of it: one query each, attention over their blocks
 (paged_decode.py, the block-table lookup fused into the reductions), the same shapes in every
 layer. So they run as one graph, one call per step; the new K/V rows are written in place into
-the paged caches inside it. A store is one opaque op that declares the pools it writes
-(torch_backend.store_kv_op): KV cache groups share pools (kv_cache_groups.py), and a pool written
-by several layers, traced as plain index_copy_, became a new pool per write, each copied whole
-but the last; the op stays one in-place call on the pool itself, however many layers write it.
+the paged caches inside it. Where KV cache groups share pools (kv_cache_groups.py), a store is
+one opaque op that declares the pools it writes (torch_backend.store_kv_op): a pool written by
+several layers, traced as plain index_copy_, became a new pool per write, each copied whole but
+the last; the op stays one in-place call on the pool itself, however many layers write it. A
+pool per layer keeps the plain index_copy_, which Inductor writes in place and fuses.
 
 The rows of a step's prefill chunks keep the layer-by-layer path: prompt chunks, and decode rows
 carrying speculative drafts, need prefill attention. Decode rows always come here, whatever else
@@ -46,7 +47,7 @@ from backend_engine.accel.compile import Compiled, own_copy
 from backend_engine.accel.cpu.template import weight_key
 from backend_engine.accel.paged_decode import paged_decode
 from backend_engine.attention.metadata import AttentionMetadata
-from backend_engine.attention.torch_backend import store_kv_op
+from backend_engine.attention.torch_backend import store_kv, store_kv_op
 from backend_engine.attention.window import decode_window
 from backend_engine.models.linear import Linear
 
@@ -57,13 +58,14 @@ def _decode_step(hidden, cos, sin, layers, caches, final_norm, views, eps: float
     """hidden [B, hidden]; layers: per layer its weights (the layer's weights()); caches: the
     distinct (K, V) pools (StepStructure.layers names each layer's); views: per view of the KV
     blocks (StepStructure.views), the decode rows' (slot mapping, block tables, context lens)."""
+    store = store_kv_op if structure.shares_pools else store_kv
     for weights, (kind, window, view, page) in zip(layers, structure.layers):
         k_cache, v_cache = caches[page]
         slot_mapping, block_tables, context_lens = views[view]
 
         def attend(q, k, v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping,
                    block_tables=block_tables, context_lens=context_lens, window=window):
-            store_kv_op(k, v, k_cache, v_cache, slot_mapping)
+            store(k, v, k_cache, v_cache, slot_mapping)
             return paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, window)
 
         layer_cos, layer_sin = (cos, sin) if kind is None else (cos[:, kind], sin[:, kind])
@@ -94,6 +96,13 @@ class StepStructure:
         return cls(model.decode_layer, model.norm_fn,
                    tuple((layer.kind, layer.window, views.index(key), pools.index(id(k)))
                          for layer, key, (k, _) in zip(model.layers, keys, kv_caches)), views)
+
+    @property
+    def shares_pools(self) -> bool:
+        """Whether some pool serves several layers (KV cache groups): their stores take the op
+        that writes in place (torch_backend.store_kv_op); a pool per layer takes plain
+        index_copy_, which Inductor writes in place itself, without the op's call."""
+        return len({page for *_, page in self.layers}) < len(self.layers)
 
     @staticmethod
     def pools(kv_caches) -> tuple:
