@@ -96,12 +96,13 @@ class PlannedForward:
         """Keep the dequantised copies of the weights whose prompt rows take `tiles` where the
         plan says so, or by default where they fit the budget (the model's size alone: every
         replica of a model on one class decides alike); the plan's answer."""
-        from backend_engine.accel.cpu import tiles
-
-        tiled = {k for k, f in forms.CPU_KINDS.items() if f in self.formats and prompt[f] == "tiles"}
+        tiled = {kind for kind, f in forms.CPU_KINDS.items()
+                 if f in self.formats and prompt[f] == "tiles"}
         weights = [w for w in self.model.linear_weights() if getattr(w, "kind", None) in tiled]
         if not weights or plan.prompt_weights == "per_call":
             return plan.prompt_weights
+        from backend_engine.accel.cpu import tiles
+
         size = tiles.resident_bytes(weights)
         if plan.prompt_weights == "auto" and size > tiles.RESIDENT_BUDGET_BYTES:
             log.info("tiles prompt weights dequantised per call: their copies would take %.0f MiB"

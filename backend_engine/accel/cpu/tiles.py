@@ -147,6 +147,14 @@ def is_resident(w: CpuInt4Weight | CpuInt8Weight) -> bool:
     return _resident.lookup(_tiled_key(w)) is not None
 
 
+def extra_bytes(w) -> int:
+    """Bytes of the weight's resident dequantised copy, else 0."""
+    if not isinstance(w, (CpuInt4Weight, CpuInt8Weight)):
+        return 0
+    copy = _resident.lookup(_tiled_key(w))
+    return copy.nbytes if copy is not None else 0
+
+
 @torch.library.custom_op("kvgate::int8_tiled_mm", mutates_args=())
 def int8_tiled_mm(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ the int8 values' transpose (exact in bf16), in `TILE_ROWS`-row tiles; one op,

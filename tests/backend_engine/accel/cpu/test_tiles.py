@@ -134,6 +134,7 @@ def test_a_resident_copy_gives_the_per_call_bits_and_goes_with_its_weight():
         key = cpu_gemm._tiled_key(q)
         n = key.shape[0]
         assert cpu_gemm.resident_bytes([q, q]) == n * 128 * cpu_gemm.GEMM_DTYPE.itemsize
+        assert cpu_gemm.extra_bytes(q) == cpu_gemm.resident_bytes([q])
         # the copy is what the tiles read: no dequantisation in the call
         real = cpu_gemm._fused_dequantize
         cpu_gemm._fused_dequantize = lambda *a: calls.append(1) or real(*a)
