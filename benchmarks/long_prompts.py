@@ -8,7 +8,8 @@ each variant in turn in the same process:
 - decode tok/s: the same prompts again (their prefixes now cached), `--new-tokens` output tokens
   each (ignore_eos): output tokens / wall time, so decode rows over long contexts, all at once.
 Each variant warms up first (its compiled graphs), so compiling is not timed. The variants'
-greedy first tokens are compared: a variant may change speed, never answers. Ends with one line
+greedy tokens are compared (first tokens, then the decoded ones): a variant may change speed,
+never answers. Ends with one line
 of JSON.
 """
 
@@ -88,9 +89,10 @@ def main() -> None:
     summary = {"prompt_tokens": sum(map(len, prompts)), "prompts": len(prompts),
                "variants": {v or "plan": {k: r[k] for k in ("prefill_tok_s", "decode_tok_s")}
                             for v, r in runs.items()},
-               "same_tokens": all(r["first_tokens"] == base["first_tokens"]
-                                  and r["decoded_tokens"] == base["decoded_tokens"]
-                                  for r in runs.values())}
+               "same_first_tokens": all(r["first_tokens"] == base["first_tokens"]
+                                        for r in runs.values()),
+               "same_decoded_tokens": all(r["decoded_tokens"] == base["decoded_tokens"]
+                                          for r in runs.values())}
     if len(variants) > 1:
         last = runs[variants[-1]]
         summary["prefill_speedup"] = round(last["prefill_tok_s"] / base["prefill_tok_s"], 2)
