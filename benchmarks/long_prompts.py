@@ -79,28 +79,30 @@ def main() -> None:
                for i, n in enumerate(prompt_lengths(args.prompts, args.min_tokens,
                                                     args.max_tokens))]
     runs = {}
-    for variant in variants:
-        runs[variant] = run_variant(parse_variant(variant), prompts, args.new_tokens,
-                                    args.threads)
-        r = runs[variant]
-        print(f"{variant or '(plan)':32s} prefill {r['prefill_tok_s']:8.1f} tok/s   "
+    for i, variant in enumerate(variants):
+        label = variant or "plan"
+        if label in runs:  # a variant given twice: its runs' spread is the machine's noise
+            label = f"{label} #{i + 1}"
+        r = runs[label] = run_variant(parse_variant(variant), prompts, args.new_tokens,
+                                      args.threads)
+        print(f"{label:32s} prefill {r['prefill_tok_s']:8.1f} tok/s   "
               f"decode {r['decode_tok_s']:7.1f} tok/s", flush=True)
-    base = runs[variants[0]]
+    labels = list(runs)
+    base = runs[labels[0]]
     summary = {"prompt_tokens": sum(map(len, prompts)), "prompts": len(prompts),
-               "variants": {v or "plan": {k: r[k] for k in ("prefill_tok_s", "decode_tok_s")}
+               "variants": {v: {k: r[k] for k in ("prefill_tok_s", "decode_tok_s")}
                             for v, r in runs.items()},
                "same_first_tokens": all(r["first_tokens"] == base["first_tokens"]
                                         for r in runs.values()),
                "same_decoded_tokens": all(r["decoded_tokens"] == base["decoded_tokens"]
                                           for r in runs.values())}
-    if len(variants) > 1:
-        last = runs[variants[-1]]
+    if len(labels) > 1:
+        last = runs[labels[-1]]
         summary["prefill_speedup"] = round(last["prefill_tok_s"] / base["prefill_tok_s"], 2)
         summary["decode_speedup"] = round(last["decode_tok_s"] / base["decode_tok_s"], 2)
     print(json.dumps(summary))
     results_file.write("long_prompts", summary, {"args": vars(args), "runs": {
-        v or "plan": {k: x for k, x in r.items() if k != "decoded_tokens"}
-        for v, r in runs.items()}})
+        v: {k: x for k, x in r.items() if k != "decoded_tokens"} for v, r in runs.items()}})
 
 
 if __name__ == "__main__":
