@@ -8,7 +8,7 @@ or verifying drafts: one row each); C: context tokens the decode rows attend to;
 context pairs of the prefill chunks, in thousands (a chunk's attention grows with its context);
 prefill_pass: what a step pays once for holding any prefill rows at all — with the compiled
 decode step, a second pass over the weights; with a quantised model's `tiles` prompt form, also
-dequantising every weight (int4's GEMM template has no such cost, and the fit follows whichever
+dequantising every weight unless the plan keeps their copies resident (int4's GEMM template has no such cost, and the fit follows whichever
 form the plan runs), which a per-token cost cannot express (fitted as one, it made short chunks
 look expensive per token, so the budget cut prompts into short chunks that each paid the whole
 pass).

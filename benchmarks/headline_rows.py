@@ -215,6 +215,8 @@ NOT_HEADLINED = {
     "moe_experts": "one MoE layer's expert forms against each other (engine page)",
     "sliding_window_memory": "KV bytes, not speed: a sliding-window model's KV cache groups "
                              "(prefix-caching page, README family table)",
+    "long_prompts": "the engine's prefill and decode speed on long prompts, per plan variant "
+                    "(quantisation page)",
     "quant_prompt_rows": "prompt-row forms of quantised weights, per layer (quantisation page)",
     "kv_transfer_transport": "which library carries KV blocks (P/D page)",
     "decode_bandwidth": "a stage of gpu_check",

@@ -36,6 +36,7 @@ from backend_engine.attention.metadata import AttentionMetadata, PrefillChunk
 from backend_engine.llm import LLM
 from backend_engine.model_loader import gguf_file, resolve_model
 from backend_engine.accel.cpu import template as cpu_template
+from backend_engine.accel.cpu import tiles as cpu_tiles
 from backend_engine.sampling_params import SamplingParams
 from benchmarks import results_file
 
@@ -183,13 +184,15 @@ def evaluate(name: str, spec: dict, ids: list[int], prompt_list, reference) -> d
 
 def weight_bytes(runner) -> int:
     """Bytes of every weight the model holds (embeddings, norms, linear layers, lm_head), with
-    the copies GEMM templates hold (int4 prompt rows; the int8 template decode step's)."""
+    the copies GEMM templates hold (int4 prompt rows; the int8 template decode step's) and the
+    resident dequantised copies of `tiles` prompt rows."""
     model, step = runner.model, runner.forward_pass.decode_step
     seen: dict[int, int] = {}
 
     def add(w) -> None:
         if w is not None:
-            seen[id(w)] = (w.nbytes + cpu_template.extra_bytes(w) if hasattr(w, "nbytes")
+            seen[id(w)] = (w.nbytes + cpu_template.extra_bytes(w) + cpu_tiles.extra_bytes(w)
+                           if hasattr(w, "nbytes")
                            else w.numel() * w.element_size())
 
     add(model.embed), add(model.norm), add(model.lm_head)

@@ -56,7 +56,8 @@ class PlannedForward:
             rows = "prompt rows' layers" if compiled else "layers"
             self.notes.append(f"{type(model).__name__} {rows} eager: the compiled layers "
                               "trace the Llama layer")
-        self.plan = dataclasses.replace(plan, decode=decode, prompt=prompt, compiled=compiled)
+        self.plan = dataclasses.replace(plan, decode=decode, prompt=prompt, compiled=compiled,
+                                        prompt_weights=self._resident_tiles(plan, prompt))
         self.linear = forms.linear("decode", tuple(sorted(decode.items())), cuda, plan.experts)
         separate = any(prompt[f] != decode[f] for f in self.formats)
         self.prompt_linear: Linear | None = (
@@ -90,6 +91,26 @@ class PlannedForward:
                 else:
                     self.notes.append("int4 prompt templates unavailable here: tiles")
         return prompt
+
+    def _resident_tiles(self, plan: Plan, prompt: dict[str, str]) -> str:
+        """Keep the dequantised copies of the weights whose prompt rows take `tiles` where the
+        plan says so, or by default where they fit the budget (the model's size alone: every
+        replica of a model on one class decides alike); the plan's answer."""
+        tiled = {kind for kind, f in forms.CPU_KINDS.items()
+                 if f in self.formats and prompt[f] == "tiles"}
+        weights = [w for w in self.model.linear_weights() if getattr(w, "kind", None) in tiled]
+        if not weights or plan.prompt_weights == "per_call":
+            return plan.prompt_weights
+        from backend_engine.accel.cpu import tiles
+
+        size = tiles.resident_bytes(weights)
+        if plan.prompt_weights == "auto" and size > tiles.RESIDENT_BUDGET_BYTES:
+            log.info("tiles prompt weights dequantised per call: their copies would take %.0f MiB"
+                     " (budget %.0f MiB)", size / 2**20, tiles.RESIDENT_BUDGET_BYTES / 2**20)
+            return "per_call"
+        tiles.keep_resident(weights)
+        log.info("tiles prompt weights resident: %.0f MiB of dequantised copies", size / 2**20)
+        return "resident"
 
     def _compile(self, kv_caches, decode: dict[str, str], layer_groups: list[int] | None
                  ) -> None:

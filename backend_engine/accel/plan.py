@@ -44,6 +44,9 @@ weights stacked and each projection one grouped launch, accel/cuda/fused_moe.py)
 Developer overrides (`--engine-option KEY=VALUE`, `EngineConfig.engine_options`): `device_class`,
 `decode`, `prompt`, `lm_head`, `compiled` (on/off), `attention` (torch/triton), `experts`
 (grouped/triton), and
+`prompt_weights` (resident/per_call: whether `tiles` prompt rows keep each weight's dequantised
+copy, which by default they do when the model's copies fit a budget of its size alone,
+accel/cpu/tiles.py), and
 `plan=reference` (every matmul `reference`, eager, torch attention). They change speed, never
 answers beyond the stated tolerances.
 """
@@ -82,7 +85,8 @@ VALID_FORMS = {
 CPU_ONLY = {"kernel", "tiles", "template", "int8_sums", "w8a8"}
 LM_HEAD_FORMATS = ("w8a8", "int8", "int4")
 OPTIONS = ("device_class", "decode", "prompt", "lm_head", "compiled", "attention", "experts",
-           "plan")
+           "prompt_weights", "plan")
+PROMPT_WEIGHTS = ("auto", "resident", "per_call")
 
 
 class PlanError(ValueError):
@@ -110,6 +114,9 @@ class Plan:
     compiled: bool
     attention: str  # "torch" | "triton"
     experts: str = "grouped"  # a mixture of experts' matmuls: "grouped" | "triton"
+    # `tiles` prompt rows' weights: "resident" (dequantised once, at load), "per_call", or
+    # "auto" (resident where the model's dequantised copies fit the budget: accel/forward.py)
+    prompt_weights: str = "auto"
 
     def describe(self, formats: set[str], experts: bool = False) -> str:
         """One line for the start-up log, for the formats the model's layers hold (and its
@@ -118,6 +125,8 @@ class Plan:
                             f"{self.prompt[f]}" for f in FORMATS if f in formats)
         lm_head = f", lm_head {self.lm_head}" if formats - {"fp"} else ""
         moe = f", {self.experts} experts" if experts else ""
+        if any(self.prompt[f] == "tiles" for f in formats) and self.prompt_weights != "auto":
+            weights += f" (tiles weights {self.prompt_weights.replace('_', ' ')})"
         return (f"plan for {self.device_class}: {weights}{lm_head}; "
                 f"{'compiled' if self.compiled else 'eager'}, {self.attention} attention{moe}")
 
@@ -170,7 +179,9 @@ def plan_for(device: str, options: dict[str, str] | None = None, *, one_rank: bo
         attention = _choice("attention", options["attention"], ("torch", "triton"))
     if "experts" in options:
         experts = _choice("experts", options["experts"], ("grouped", "triton"))
-    return Plan(cls, decode, prompt, lm_head, compiled, attention, experts)
+    prompt_weights = _choice("prompt_weights", options.get("prompt_weights", "auto"),
+                             PROMPT_WEIGHTS)
+    return Plan(cls, decode, prompt, lm_head, compiled, attention, experts, prompt_weights)
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:

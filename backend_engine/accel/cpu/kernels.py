@@ -34,7 +34,7 @@ _N_TILE = 16  # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0
 _ACT_MAX, _ACT_ZERO = 127, 128  # w8a8: a row's max |x| maps to +-127, around uint8's 128
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class CpuInt8Weight:
     kind: ClassVar[str] = "int8_cpu"
     qweight: torch.Tensor  # int8 [N, K]

@@ -26,12 +26,12 @@ import functools
 import hashlib
 import logging
 import types
-import weakref
 
 import torch
 import torch._functorch.config as functorch_config
 
 from backend_engine.accel.compile import Compiled, own_copy
+from backend_engine.accel.cpu.attached import Attachments
 from backend_engine.accel.cpu.kernels import KERNEL_DTYPE, CpuInt4Weight
 from backend_engine.accel.cpu.tiles import GEMM_DTYPE, int4_call, int4_tiled_mm
 
@@ -144,26 +144,19 @@ def compile_for(w: CpuInt4Weight) -> TemplateMatmul | None:
     return template
 
 
-# packed weight's data_ptr → (its CpuInt4Weight, weakly; the template); kept off the weight,
-# which compiled code takes as an input (one graph for every layer's weights)
-_attached: dict[int, tuple[weakref.ref, TemplateMatmul]] = {}
+# the template of each weight that has one, found from its packed tensor (compiled code takes
+# the weight's tensors as inputs: one graph for every layer's weights)
+_attached: Attachments[TemplateMatmul] = Attachments()
 
 
 def attach(w: CpuInt4Weight, template: TemplateMatmul) -> None:
     """Route the weight's prompt rows through `template` (`lookup`), for the weight's life."""
-    ptr = w.packed.data_ptr()
-
-    def forget(ref: weakref.ref, ptr: int = ptr) -> None:
-        if ptr in _attached and _attached[ptr][0] is ref:
-            del _attached[ptr]
-
-    _attached[ptr] = (weakref.ref(w, forget), template)
+    _attached.attach(w, w.packed, template)
 
 
 def lookup(packed: torch.Tensor) -> TemplateMatmul | None:
     """The template attached to the weight whose packed tensor this is, if any."""
-    entry = _attached.get(packed.data_ptr())
-    return entry[1] if entry is not None and entry[0]() is not None else None
+    return _attached.lookup(packed)
 
 
 def extra_bytes(w) -> int:

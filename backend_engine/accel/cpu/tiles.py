@@ -15,6 +15,11 @@ shape, and a row's bits then depend only on the row itself (tested at every row 
 tile and with any neighbours: tests/backend_engine/accel/cpu/test_tiles.py), so a prompt gives
 the same tokens however the scheduler chunks it, batches it or finds its prefix cached.
 
+Resident weights: where the plan keeps them (`keep_resident`: the dequantised copies of the
+model's tiled weights fit `RESIDENT_BUDGET_BYTES`, a rule of the model's size alone), each
+weight's dequantised copy is made once at load, by the same code as the per-call one (the same
+bits), and the tiles read it instead of dequantising at every call.
+
 Each kind's conversion and tile loop run as one custom op, so Inductor treats them as a call
 and the compiled layers keep them whole; int4's dequantisation inside is compiled on its own for
 each weight shape (traced into the layers' dynamic-row graph, Inductor's loop ran far slower).
@@ -25,12 +30,17 @@ from __future__ import annotations
 import torch
 
 from backend_engine.accel.compile import Compiled
+from backend_engine.accel.cpu.attached import Attachments
 from backend_engine.accel.cpu.kernels import CpuInt4Weight, CpuInt8Weight
 from backend_engine.dtype import cpu_has_native_bf16
 
 # the GEMMs' dtype: bf16 where the CPU computes it in hardware (AVX512-BF16, AMX), else fp32,
 # whose GEMM there beats bf16's emulated one several times (a fact of the CPU, read once)
 GEMM_DTYPE = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+# the most bytes of dequantised prompt weights kept resident (the default model's, in fp32,
+# take ~0.4 GiB; a 1B-parameter model's would take 4 GiB: dequantised per call)
+RESIDENT_BUDGET_BYTES = 1 << 30
 
 TILE_ROWS = 64  # rows per GEMM call (measured: 32 was ~1.4x slower at 512 rows, 128 pads more)
 
@@ -105,16 +115,61 @@ def dequantize_int4(packed: torch.Tensor, scales_and_zeros: torch.Tensor,
     return (v * scales + zeros).view(n, k).to(GEMM_DTYPE)
 
 
+# each resident weight's dequantised copy, `GEMM_DTYPE` [N(_padded), K], found from its int8
+# values or int4 packed tensor (what the custom ops below are given)
+_resident: Attachments[torch.Tensor] = Attachments()
+
+
+def _tiled_key(w: CpuInt4Weight | CpuInt8Weight) -> torch.Tensor:
+    return w.packed if isinstance(w, CpuInt4Weight) else w.qweight
+
+
+def resident_bytes(weights: list) -> int:
+    """Bytes the dequantised copies of `weights` (int8 and int4 CPU weights, each counted
+    once) take in `GEMM_DTYPE`."""
+    keys = {_tiled_key(w).data_ptr(): w for w in weights}
+    size = torch.empty((), dtype=GEMM_DTYPE).element_size()
+    return sum(_tiled_key(w).shape[0] * w.shape[1] * size for w in keys.values())
+
+
+def keep_resident(weights: list) -> None:
+    """Dequantise each weight once now, and have its tiles read that copy for its life."""
+    with torch.no_grad():
+        for w in weights:
+            key = _tiled_key(w)
+            if _resident.lookup(key) is None:
+                copy = (_fused_dequantize(w.packed, w.scales_and_zeros, w.group_size)
+                        if isinstance(w, CpuInt4Weight) else _int8_values(w.qweight))
+                _resident.attach(w, key, copy)
+
+
+def is_resident(w: CpuInt4Weight | CpuInt8Weight) -> bool:
+    return _resident.lookup(_tiled_key(w)) is not None
+
+
+def extra_bytes(w) -> int:
+    """Bytes of the weight's resident dequantised copy, else 0."""
+    if not isinstance(w, (CpuInt4Weight, CpuInt8Weight)):
+        return 0
+    copy = _resident.lookup(_tiled_key(w))
+    return copy.nbytes if copy is not None else 0
+
+
 @torch.library.custom_op("kvgate::int8_tiled_mm", mutates_args=())
 def int8_tiled_mm(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ the int8 values' transpose (exact in bf16), in `TILE_ROWS`-row tiles; one op,
     so compiled layers do not trace the conversion into their dynamic-row graph."""
-    return tiled_mm(x, qweight.to(GEMM_DTYPE).t())
+    weight = _resident.lookup(qweight)
+    return tiled_mm(x, (weight if weight is not None else _int8_values(qweight)).t())
 
 
 @int8_tiled_mm.register_fake
 def _(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], qweight.shape[0], dtype=GEMM_DTYPE)
+
+
+def _int8_values(qweight: torch.Tensor) -> torch.Tensor:
+    return qweight.to(GEMM_DTYPE)
 
 
 _fused_dequantize = Compiled(dequantize_int4, "the int4 dequantisation", per_shape=True)
@@ -125,7 +180,10 @@ def int4_tiled_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch
                   group_size: int) -> torch.Tensor:
     """x [M, K] @ the int4 weight's dequantised transpose, in `TILE_ROWS`-row tiles; one op,
     so compiled layers call it (and the static-shape dequantisation) instead of tracing it."""
-    return tiled_mm(x, _fused_dequantize(packed, scales_and_zeros, group_size).t())
+    weight = _resident.lookup(packed)
+    if weight is None:
+        weight = _fused_dequantize(packed, scales_and_zeros, group_size)
+    return tiled_mm(x, weight.t())
 
 
 @int4_tiled_mm.register_fake

@@ -56,6 +56,7 @@ def test_tensor_parallel_and_enforce_eager_compile_nothing():
 
 @pytest.mark.parametrize("options,match", [
     ({"speed": "max"}, "unknown engine option"),
+    ({"prompt_weights": "always"}, "prompt_weights"),
     ({"decode": "tiles"}, "decode rows of int8 weights"),
     ({"decode": "int4:template"}, "decode rows of int4 weights"),
     ({"prompt": "fp:kernel"}, "prompt rows of fp weights"),

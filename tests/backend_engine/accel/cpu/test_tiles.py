@@ -118,3 +118,55 @@ def test_a_kernel_prompt_form_keeps_prompt_rows_on_the_kernel(monkeypatch):
 def test_an_unknown_prompt_form_is_refused():
     with pytest.raises(ValueError, match="prompt"):
         EngineConfig(engine_options={"prompt": "fast"}).validate()
+
+
+def test_a_resident_copy_gives_the_per_call_bits_and_goes_with_its_weight():
+    w, x = torch.randn(200, 128), torch.randn(70, 128)
+    for prepare, form in ((lambda: cpu.prepare_int8(quantize_int8(w)), cpu_gemm.int8_tiles),
+                          (lambda: cpu.prepare_int4(quantize_int4(w, 32, "w")),
+                           cpu_gemm.int4_tiles)):
+        q = prepare()
+        per_call = form(x, q)
+        assert not cpu_gemm.is_resident(q)
+        cpu_gemm.keep_resident([q, q])  # a weight listed twice is copied once
+        assert cpu_gemm.is_resident(q)
+        calls = []
+        key = cpu_gemm._tiled_key(q)
+        n = key.shape[0]
+        assert cpu_gemm.resident_bytes([q, q]) == n * 128 * cpu_gemm.GEMM_DTYPE.itemsize
+        assert cpu_gemm.extra_bytes(q) == cpu_gemm.resident_bytes([q])
+        # the copy is what the tiles read: no dequantisation in the call
+        real = cpu_gemm._fused_dequantize
+        cpu_gemm._fused_dequantize = lambda *a: calls.append(1) or real(*a)
+        try:
+            assert torch.equal(form(x, q), per_call)
+        finally:
+            cpu_gemm._fused_dequantize = real
+        assert not calls
+        del q
+        assert cpu_gemm._resident.lookup(key) is None  # dropped with its weight
+
+
+@pytest.mark.parametrize("option,budget,expected", [
+    ({}, None, "resident"), ({"prompt_weights": "per_call"}, None, "per_call"),
+    ({}, 0, "per_call"), ({"prompt_weights": "resident"}, 0, "resident")])
+def test_prompt_weights_are_resident_where_they_fit_the_budget(option, budget, expected,
+                                                               monkeypatch):
+    if budget is not None:
+        monkeypatch.setattr(cpu_gemm, "RESIDENT_BUDGET_BYTES", budget)
+    llm = LLM("tiny-random", enforce_eager=True, num_kv_blocks=64, quantization="int4",
+              engine_options={"prompt": "tiles", **option})
+    forward = llm.engine.runner.forward_pass
+    assert forward.plan.prompt_weights == expected
+    assert f"tiles weights {expected.replace('_', ' ')}" in forward.describe()
+    weights = llm.engine.runner.model.linear_weights()
+    assert all(cpu_gemm.is_resident(w) for w in weights) == (expected == "resident")
+
+
+def test_resident_and_per_call_prompt_weights_give_the_same_bits():
+    tokens = list(range(40, 140))
+    logits = [_last_logits(LLM("tiny-random", enforce_eager=True, num_kv_blocks=64,
+                               quantization="int4",
+                               engine_options={"prompt": "tiles", "prompt_weights": value}),
+                           tokens, [37]) for value in ("per_call", "resident")]
+    assert torch.equal(*logits)
