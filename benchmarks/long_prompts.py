@@ -9,8 +9,9 @@ each variant in turn in the same process:
   each (ignore_eos): output tokens / wall time, so decode rows over long contexts, all at once.
 Each variant warms up first (its compiled graphs), so compiling is not timed. The variants'
 greedy tokens are compared (first tokens, then the decoded ones): a variant may change speed,
-never answers. Ends with one line
-of JSON.
+never answers. The engines take a fixed token budget per step (`target_itl_ms=0`): the latency
+target sizes prompt chunks from measured step times, and a prompt chunked elsewhere may flip an
+fp32 greedy near-tie, which would blur that comparison. Ends with one line of JSON.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def prompt_lengths(count: int, low: int, high: int) -> list[int]:
 
 def run_variant(options: dict[str, str], prompts: list[list[int]], new_tokens: int,
                 threads: int | None) -> dict:
-    llm = LLM("default", num_threads=threads, engine_options=options)
+    llm = LLM("default", num_threads=threads, engine_options=options, target_itl_ms=0)
     llm.generate([p[:300] for p in prompts[:2]], SamplingParams(max_tokens=2))  # warm-up
     first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     start = time.perf_counter()
