@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from backend_engine.llm import LLM
 from backend_engine.step_batch import StepBatch
 from benchmarks import results_file
+from benchmarks.mixed_step import best_of
 
 MANAGERS = {"groups": {}, "pool_per_layer": {"disable_hybrid_kv_cache_manager": True}}
 
@@ -46,13 +46,7 @@ def decode_batch(runner, rows: int, context: int) -> StepBatch:
 
 
 def best_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return round(min(times) * 1e3, 2)
+    return round(best_of(fn, repeats) * 1e3, 2)
 
 
 def measure(llm: LLM, rows_list: list[int], context: int, repeats: int) -> dict:
