@@ -8,10 +8,10 @@ or verifying drafts: one row each); C: context tokens the decode rows attend to;
 context pairs of the prefill chunks, in thousands (a chunk's attention grows with its context);
 prefill_pass: what a step pays once for holding any prefill rows at all — with the compiled
 decode step, a second pass over the weights; with a quantised model's `tiles` prompt form, also
-dequantising every weight unless the plan keeps their copies resident (int4's GEMM template has no such cost, and the fit follows whichever
-form the plan runs), which a per-token cost cannot express (fitted as one, it made short chunks
-look expensive per token, so the budget cut prompts into short chunks that each paid the whole
-pass).
+dequantising every weight unless the plan keeps their copies resident (int4's GEMM template
+has no such cost, and the fit follows whichever form the plan runs), which a per-token cost
+cannot express (fitted as one, it made short chunks look expensive per token, so the budget cut
+prompts into short chunks that each paid the whole pass).
 
 It starts from a few timed steps at start-up (`calibration_shapes`) and is refitted from every
 real step (a window of recent ones, least squares, coefficients kept >= 0), so it follows the

@@ -143,10 +143,6 @@ def keep_resident(weights: list) -> None:
                 _resident.attach(w, key, copy)
 
 
-def is_resident(w: CpuInt4Weight | CpuInt8Weight) -> bool:
-    return _resident.lookup(_tiled_key(w)) is not None
-
-
 def extra_bytes(w) -> int:
     """Bytes of the weight's resident dequantised copy, else 0."""
     if not isinstance(w, (CpuInt4Weight, CpuInt8Weight)):

@@ -127,9 +127,9 @@ def test_a_resident_copy_gives_the_per_call_bits_and_goes_with_its_weight():
                            cpu_gemm.int4_tiles)):
         q = prepare()
         per_call = form(x, q)
-        assert not cpu_gemm.is_resident(q)
+        assert cpu_gemm.extra_bytes(q) == 0
         cpu_gemm.keep_resident([q, q])  # a weight listed twice is copied once
-        assert cpu_gemm.is_resident(q)
+        assert cpu_gemm.extra_bytes(q) > 0
         calls = []
         key = cpu_gemm._tiled_key(q)
         n = key.shape[0]
@@ -160,7 +160,7 @@ def test_prompt_weights_are_resident_where_they_fit_the_budget(option, budget, e
     assert forward.plan.prompt_weights == expected
     assert f"tiles weights {expected.replace('_', ' ')}" in forward.describe()
     weights = llm.engine.runner.model.linear_weights()
-    assert all(cpu_gemm.is_resident(w) for w in weights) == (expected == "resident")
+    assert all(cpu_gemm.extra_bytes(w) > 0 for w in weights) == (expected == "resident")
 
 
 def test_resident_and_per_call_prompt_weights_give_the_same_bits():
