@@ -33,23 +33,32 @@ VENV = Path(os.environ.get("KVGATE_LLAMACPP_VENV",
                            Path.home() / ".cache" / "kvgate" / "llamacpp-venv"))
 
 
-# llama.cpp's built-in chat template of a GGUF architecture whose files may carry none (the
-# Gemma 3 270M GGUF has none; kvgate renders Gemma's turns for it, backend_engine/chat_templates.py)
-BUILTIN_TEMPLATES = {"gemma3": "gemma"}
+# GGUF architecture → kvgate's model_type, for files that carry no chat template (the Gemma 3
+# 270M GGUF has none): llama-server gets the template kvgate renders for that family
+# (backend_engine/chat_templates.py), so both servers see the same prompt tokens. llama.cpp's
+# built-in `--chat-template gemma` renders a 400-word prompt as 3 tokens on the build we use.
+TEMPLATE_FAMILIES = {"gemma3": "gemma3_text"}
 
 
-def chat_template_args(gguf: Path) -> list[str]:
-    """`--chat-template NAME` where the GGUF has no template and llama.cpp names its family's;
-    else nothing (llama-server uses the file's own)."""
+def chat_template_args(gguf: Path, folder: Path) -> list[str]:
+    """`--jinja --chat-template-file FILE` (written under `folder`) where the GGUF has no
+    template and kvgate renders one for its family; else nothing (llama-server uses the file's
+    own, or its own fallback)."""
     from gguf import GGUFReader
+
+    from backend_engine.chat_templates import FALLBACK
 
     if not gguf.is_file():  # llama-server says so itself
         return []
     fields = GGUFReader(str(gguf)).fields
     if "tokenizer.chat_template" in fields or "general.architecture" not in fields:
         return []
-    name = BUILTIN_TEMPLATES.get(fields["general.architecture"].contents())
-    return ["--chat-template", name] if name else []
+    family = TEMPLATE_FAMILIES.get(fields["general.architecture"].contents())
+    if family not in FALLBACK:
+        return []
+    path = folder / f"chat-template-{family}.jinja"
+    path.write_text(FALLBACK[family][0])
+    return ["--jinja", "--chat-template-file", str(path)]
 
 
 class LlamaServerUnavailable(RuntimeError):
@@ -132,7 +141,8 @@ class LlamaServer:
                 "--port", str(self.port), "--parallel", str(self.parallel),
                 "--ctx-size", str(self.parallel * self.ctx_per_slot), "--threads", str(threads),
                 "--threads-batch", str(threads), "--cont-batching", "--metrics",
-                "--no-webui", *chat_template_args(self.gguf), *self.extra_args]
+                "--no-webui", *chat_template_args(self.gguf, Path(tempfile.gettempdir())),
+                *self.extra_args]
 
     def __enter__(self) -> str:
         if self.gguf is None:

@@ -38,14 +38,22 @@ def _gguf(path, arch: str, template: str | None):
     return path
 
 
-@pytest.mark.parametrize("arch,template,args", [
-    ("gemma3", None, ["--chat-template", "gemma"]),  # the Gemma 3 270M file: no template
-    ("gemma3", "{{ messages }}", []),  # the file's own template wins
-    ("llama", None, []),  # llama-server's own fallback
+@pytest.mark.parametrize("arch,template,gets_kvgates", [
+    ("gemma3", None, True),  # the Gemma 3 270M file: no template
+    ("gemma3", "{{ messages }}", False),  # the file's own template wins
+    ("llama", None, False),  # llama-server's own fallback
 ])
-def test_a_gguf_without_a_chat_template_gets_llamacpps_builtin_one(tmp_path, arch, template,
-                                                                     args):
+def test_a_gguf_without_a_chat_template_gets_the_one_kvgate_renders(tmp_path, arch, template,
+                                                                     gets_kvgates):
+    from backend_engine.chat_templates import FALLBACK
+
     gguf = _gguf(tmp_path / "model.gguf", arch, template)
-    assert llamacpp_server.chat_template_args(gguf) == args
+    args = llamacpp_server.chat_template_args(gguf, tmp_path)
+    if gets_kvgates:
+        assert args[:2] == ["--jinja", "--chat-template-file"]
+        assert open(args[2]).read() == FALLBACK["gemma3_text"][0]
+    else:
+        assert args == []
     command = LlamaServer(gguf=gguf).command(tmp_path)
-    assert ("--chat-template" in command) == bool(args)
+    assert ("--chat-template-file" in command) == gets_kvgates
+    assert "--chat-template" not in command  # llama.cpp's built-in names are never used
