@@ -44,13 +44,12 @@ def chat_template_args(gguf: Path, folder: Path) -> list[str]:
     """`--jinja --chat-template-file FILE` (written under `folder`) where the GGUF has no
     template and kvgate renders one for its family; else nothing (llama-server uses the file's
     own, or its own fallback)."""
-    from gguf import GGUFReader
-
     from backend_engine.chat_templates import FALLBACK
+    from backend_engine.quant.gguf import read_gguf
 
     if not gguf.is_file():  # llama-server says so itself
         return []
-    fields = GGUFReader(str(gguf)).fields
+    fields = read_gguf(gguf).fields
     if "tokenizer.chat_template" in fields or "general.architecture" not in fields:
         return []
     family = TEMPLATE_FAMILIES.get(fields["general.architecture"].contents())

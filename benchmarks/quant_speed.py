@@ -167,9 +167,11 @@ def llamacpp_server(args, stack: ExitStack, say) -> tuple[str, float] | None:
 
 def llamacpp_label(gguf) -> str:
     """The GGUF's weight type, from its `general.file_type` (Q4_1, Q4_K_M, …)."""
-    from gguf import GGUFReader, LlamaFileType
+    from gguf import LlamaFileType
 
-    field = GGUFReader(str(gguf)).fields.get("general.file_type")
+    from backend_engine.quant.gguf import read_gguf
+
+    field = read_gguf(gguf).fields.get("general.file_type")
     return LlamaFileType(field.contents()).name.removeprefix("MOSTLY_") if field else "GGUF"
 
 

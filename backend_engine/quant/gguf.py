@@ -17,6 +17,7 @@ back as w.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -57,13 +58,39 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     return None
 
 
+def read_gguf(path: Path):
+    """gguf's `GGUFReader` over the file, its header parsed about 3x faster: the reader slices
+    its memory map once per value of every field (a Gemma 3 tokenizer's 262,144 strings), and
+    a slice of an `np.memmap` runs memmap's Python `__array_finalize__`; here the slices come
+    from a plain ndarray view of the same map. Values and tensors are the reader's own."""
+    import gguf
+
+    class Reader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            plain = self.__dict__.get("_plain")
+            if plain is None:  # self.data is the memmap the constructor opened
+                plain = self.__dict__["_plain"] = self.data.view(np.ndarray)
+            count = int(count)
+            arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype)[:count]
+            order = self.byte_order if override_order is None else override_order
+            return arr.view(arr.dtype.newbyteorder(order))
+
+    return Reader(str(path))
+
+
 def stored_format(path: Path) -> tuple[str | None, str]:
+    """What `_stored_format` says of the file as it is now (memoised per file version: the
+    launcher and each replica ask it before loading)."""
+    stat = path.stat()
+    return _stored_format(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _stored_format(path: str, mtime_ns: int, size: int) -> tuple[str | None, str]:
     """The format a GGUF's linear weights are served in when no --quantization is given: the
     nearest to what the file stores (int4 where any layer weight is a 4-bit type, int8 where
     they are 8- or 6-bit, None for float files), and the GGML types seen, for the log."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
+    reader = read_gguf(Path(path))
     arch = _field_str(reader, "general.architecture")
     kinds = {t.tensor_type.name for t in reader.tensors
              if (name := hf_name(t.name, arch)) is not None and not _EMBEDDING_OR_NORM.search(name)
@@ -78,9 +105,7 @@ def stored_format(path: Path) -> tuple[str | None, str]:
 def load_gguf_weights(path: Path, target: str, num_heads: int,
                       num_kv_heads: int) -> dict[str, LinearWeight]:
     """target: "int4" or "int8". Checks every tensor's type before decoding any."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
+    reader = read_gguf(path)
     arch = _field_str(reader, "general.architecture")
     tensors = []
     for t in reader.tensors:

@@ -12,7 +12,7 @@ import torch
 from backend_engine.errors import ModelLoadError
 from backend_engine.model_loader import default_gguf_path, gguf_source, load_state_dict, resolve_model
 from backend_engine.quant.formats import Int4Weight, Int8Weight
-from backend_engine.quant.gguf import _decode, load_gguf_weights
+from backend_engine.quant.gguf import _decode, load_gguf_weights, read_gguf, stored_format
 
 T = gguf.GGMLQuantizationType
 ROWS, COLS = 8, 512
@@ -87,6 +87,26 @@ def test_default_model_loads_its_q4_1_weights_as_transformers_dequantises_them(d
     torch.testing.assert_close(default_int4["model.embed_tokens.weight"],
                                fp["model.embed_tokens.weight"])
     assert isinstance(default_int4["model.norm.weight"], torch.Tensor)
+
+
+def test_the_fast_reader_reads_what_ggufs_own_reads():
+    path = default_gguf_path()
+    fast, own = read_gguf(path), gguf.GGUFReader(str(path))
+    assert list(fast.fields) == list(own.fields)
+    for name, field in own.fields.items():
+        assert fast.fields[name].contents() == field.contents(), name
+    assert [(t.name, t.tensor_type, t.shape.tolist()) for t in fast.tensors] == \
+        [(t.name, t.tensor_type, t.shape.tolist()) for t in own.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(fast.tensors, own.tensors))
+
+
+def test_the_stored_format_is_read_again_when_the_file_changes(tmp_path):
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(default_gguf_path(), path)
+    assert stored_format(path)[0] == "int4" and "IQ4_NL" not in stored_format(path)[1]
+    patched = _with_type(tmp_path, "blk.3.attn_v.weight", "IQ4_NL")  # a newer file, same size
+    patched.replace(path)
+    assert "IQ4_NL" in stored_format(path)[1]
 
 
 def _with_type(tmp_path, tensor: str, kind: str):
