@@ -112,13 +112,18 @@ class StepStructure:
     def step_views(self, meta: AttentionMetadata, block_size: int) -> list[tuple]:
         """The decode rows' (slot mapping, block tables, context lens) per view, from the
         step's metadata."""
-        out = []
+        out, seen = [], set()
         for group, window in self.views:
             part = meta.group_metas[group] if meta.group_metas else meta
             tables, lens = part.decode_block_tables, part.decode_context_lens
             if window:
                 tables, lens = decode_window(tables, lens, window, block_size)
-            out.append((part.slot_mapping[:meta.num_decode_tokens], tables, lens))
+            view = (part.slot_mapping[:meta.num_decode_tokens], tables, lens)
+            # never one tensor object in two views (a window that cuts nothing returns its
+            # input): Dynamo guards against a tensor passed twice, so an alias the warm-up did
+            # not have would compile the step again while serving
+            out.append(tuple(t if id(t) not in seen and not seen.add(id(t)) else t[:]
+                             for t in view))
         return out
 
 
