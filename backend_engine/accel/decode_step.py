@@ -118,12 +118,14 @@ class StepStructure:
             tables, lens = part.decode_block_tables, part.decode_context_lens
             if window:
                 tables, lens = decode_window(tables, lens, window, block_size)
-            view = (part.slot_mapping[:meta.num_decode_tokens], tables, lens)
-            # never one tensor object in two views (a window that cuts nothing returns its
-            # input): Dynamo guards against a tensor passed twice, so an alias the warm-up did
-            # not have would compile the step again while serving
-            out.append(tuple(t if id(t) not in seen and not seen.add(id(t)) else t[:]
-                             for t in view))
+            view = []
+            for t in (part.slot_mapping[:meta.num_decode_tokens], tables, lens):
+                # never one tensor object in two views (a window that cuts nothing returns its
+                # input): Dynamo guards against a tensor passed twice, so an alias the warm-up
+                # did not have would compile the step again while serving
+                view.append(t[:] if id(t) in seen else t)
+                seen.add(id(t))
+            out.append(tuple(view))
         return out
 
 
