@@ -29,9 +29,18 @@ def _probe_http(url: str) -> Probe:
         with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as resp:
             return Probe(True, _status_of(resp.read(), "ready"))
     except urllib.error.HTTPError as exc:  # 503 while loading or draining, with a reason
-        return Probe(False, _status_of(exc.read(), f"HTTP {exc.code}"))
-    except (OSError, ValueError):  # not listening yet
+        return Probe(False, _status_of(_body_of(exc), f"HTTP {exc.code}"))
+    except (OSError, ValueError):  # not listening yet, or too busy to answer in time
         return Probe(False, "starting")
+
+
+def _body_of(exc: urllib.error.HTTPError) -> bytes:
+    """The error's body; empty where a busy child sent the status line but not the body in
+    time (the read times out: a probe says "not ready", never raises)."""
+    try:
+        return exc.read()
+    except OSError:
+        return b""
 
 
 def _status_of(body: bytes, fallback: str) -> str:
