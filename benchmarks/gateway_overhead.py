@@ -25,7 +25,7 @@ import time
 import httpx
 
 from benchmarks import results_file
-from gateway.pool import LeanTransport
+from benchmarks.lean_client import LeanClient, ResponseError
 
 FIXTURE_MODEL = "fixture-model"
 _USAGE = {"prompt_tokens": 40, "completion_tokens": 3, "total_tokens": 43,
@@ -140,31 +140,27 @@ def _body(i: int, stream: bool) -> dict:
         {"role": "user", "content": f"request {i}"}]}
 
 
-def _client() -> httpx.AsyncClient:
-    # The load generator shares the 2 cores with what it measures: it uses the gateway's O(1)
-    # keep-alive pool too, since httpx's default pool turns quadratic once a backlog builds and
-    # would then starve the gateway of CPU (the same client serves both paths, so it is fair).
-    return httpx.AsyncClient(timeout=30, transport=LeanTransport(max_idle_per_origin=512))
+def _client(base: str) -> LeanClient:
+    # The load generator shares the 2 cores with what it measures: the leanest client Python has
+    # (benchmarks/lean_client.py), the same for both paths.
+    return LeanClient(base, timeout_s=30)
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict) -> float | None:
-    """Latency of one request, or None when it failed (counted, never hidden)."""
+async def _one(client: LeanClient, path: str, body: dict) -> float | None:
+    """Latency of one request (to its last byte), or None when it failed (counted, never hidden)."""
     t0 = time.perf_counter()
     try:
-        async with client.stream("POST", url, json=body) as r:
-            async for _ in r.aiter_raw():
-                pass
-            if r.status_code != 200:
-                return None
-    except httpx.HTTPError:
+        if await client.post(path, json.dumps(body).encode()) != 200:
+            return None
+    except (ResponseError, OSError, EOFError):
         return None
     return time.perf_counter() - t0
 
 
 async def open_loop(base: str, rate: float, duration: float, stream: bool) -> list[float]:
     """Requests started every 1/rate s regardless of completions; each one's latency."""
-    url = base + "/v1/chat/completions"
-    async with _client() as client:
+    url = "/v1/chat/completions"
+    async with _client(base) as client:
         await _one(client, url, _body(-1, stream))  # warm the pool
         tasks, start = [], time.perf_counter()
         for i in range(int(rate * duration)):
@@ -181,8 +177,8 @@ def _ok(latencies: list[float | None]) -> list[float]:
 
 async def closed_loop(base: str, clients: int, duration: float, stream: bool) -> float:
     """Completed requests per second with `clients` back-to-back senders."""
-    url, done = base + "/v1/chat/completions", 0
-    async with _client() as client:
+    url, done = "/v1/chat/completions", 0
+    async with _client(base) as client:
         deadline = time.perf_counter() + duration
 
         async def worker(w: int) -> None:
