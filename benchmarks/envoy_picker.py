@@ -14,9 +14,11 @@ and p99 stays under the bound, refined by `--refine` bisections between the last
 and the first that failed.
 
 Part 2, routing quality: `--replicas` real replicas of the default model (2 by default, for a
-shared 2-core machine; eager unless `--compiled`), started fresh for each tier, serve_bench's
-multi_tenant workload (the `--compare-policies --quick` sizing) through each tier: cached-token
-ratio and TTFT p50.
+shared 2-core machine; eager unless `--compiled`), started fresh for every run, serve_bench's
+multi_tenant workload (the `--compare-policies --quick` sizing: 72 requests) through each tier in
+`--quality-rounds` rounds (3; the order alternates): cached-token ratio and TTFT p50 over each
+tier's pooled requests, and each round's. One run of 72 requests moves by more than 0.02 in
+cached-token ratio between identical runs; the rounds say how much.
 
 The last line is JSON: {"max_rate_vs_gateway", "cached_ratio_envoy", "cached_ratio_gateway",
 "added_p99_ms_envoy", "added_p99_ms_gateway", ...}.
@@ -60,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=8, help="part 2's requests in flight")
     p.add_argument("--quality-duration", type=float, default=150.0,
                    help="part 2: no request starts after this many seconds per tier")
+    p.add_argument("--quality-rounds", type=int, default=3,
+                   help="part 2: runs per tier, in alternating order, each on fresh replicas")
     p.add_argument("--compiled", action="store_true",
                    help="part 2's replicas compile their graphs (default: eager, a quick start on a busy machine)")
     p.add_argument("--skip-quality", action="store_true", help="part 1 only")
@@ -67,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.quick:
         a.duration, a.step_s, a.search_budget_s, a.quality_duration = 5.0, 2.0, 20.0, 40.0
+        a.quality_rounds = 1
     return a
 
 
@@ -169,37 +174,59 @@ def _measure_tier(name: str, tier: Tier, direct_url: str, args: argparse.Namespa
 # ---- part 2: routing quality on real replicas -----------------------------------------------
 
 def quality(args: argparse.Namespace, say) -> dict:
+    """`--quality-rounds` rounds, the tiers' order alternating; every run on fresh replicas.
+    Each tier's figures pool its rounds' requests; each round's own figures beside them."""
+    from benchmarks.serve_bench_stats import summarize
+
+    setup = serve_bench.compare_setup(serve_bench.parse_args(
+        ["--compare-policies", "--quick", "--replicas", str(args.replicas),
+         "--concurrency", str(args.concurrency), "--duration", str(args.quality_duration)]))
+    runs: dict[str, list] = {name: [] for name in TIERS}
+    for round_ in range(args.quality_rounds):
+        for name in (list(TIERS) if round_ % 2 == 0 else list(reversed(TIERS))):
+            runs[name].append(_quality_run(name, setup, args, say))
+    out = {}
+    for name, tier_runs in runs.items():
+        pooled = summarize(name, [r for _, results, _ in tier_runs for r in results],
+                           sum(summary.elapsed_s for summary, _, _ in tier_runs))
+        out[name] = _quality_row(pooled) | {
+            "queued": sum(queue["total_queued"] for _, _, queue in tier_runs),
+            "queue_timed_out": sum(queue["total_timed_out"] for _, _, queue in tier_runs),
+            "rounds": [_quality_row(summary) | {"queued": queue["total_queued"]}
+                       for summary, _, queue in tier_runs]}
+    out["setup"] = {"replicas": args.replicas, "num_kv_blocks": setup.num_kv_blocks,
+                    "concurrency": setup.concurrency, "requests": setup.workload.num_requests,
+                    "tenants": setup.workload.tenants, "prompt_tokens": setup.workload.prompt_tokens,
+                    "rounds": args.quality_rounds}
+    return out
+
+
+def _quality_run(name: str, setup, args: argparse.Namespace, say) -> tuple:
+    """One run of the workload through one tier on fresh replicas (empty caches, zeroed
+    counters): (summary, per-request results, the tier's overload queue)."""
     from benchmarks.serve_bench_cluster import Cluster, ClusterSpec
     from benchmarks.serve_bench_stats import format_summary
     from benchmarks.serve_bench_workloads import build
     from kvgate.launcher.tokenizer import tokenizer_folder
 
-    setup = serve_bench.compare_setup(serve_bench.parse_args(
-        ["--compare-policies", "--quick", "--replicas", str(args.replicas),
-         "--concurrency", str(args.concurrency), "--duration", str(args.quality_duration)]))
-    jobs = build("multi_tenant", setup.workload)
-    out = {}
-    for name, tier_class in TIERS.items():
-        # Fresh replicas per tier: both start from empty caches and zeroed counters.
-        spec = ClusterSpec(replicas=args.replicas, gateways=0, num_kv_blocks=setup.num_kv_blocks,
-                           enforce_eager=not args.compiled)
-        with Cluster(spec, say=say) as cluster:
-            tokenizer = f"*={tokenizer_folder(cluster.config.model, cluster.config.quantization)}"
-            with tier_class(cluster.replica_urls, tokenizer) as tier:
-                summary, _ = asyncio.run(serve_bench.run_load(
-                    [tier.url + "/v1"], None, None, jobs, setup.concurrency, None, setup.duration_s,
-                    name, cluster.replica_urls))
-                queue = tier.overload_queue()  # requests that waited for a replica with room
-        say(format_summary(summary))
-        ttft = summary.ttft["p50"]
-        out[name] = {"cached_ratio": round(summary.cached_ratio, 4), "ok": summary.ok,
-                     "errors": summary.errors, "ttft_p50_ms": None if ttft is None else round(1000 * ttft, 1),
-                     "req_per_s": round(summary.req_per_s, 3), "queued": queue["total_queued"],
-                     "queue_timed_out": queue["total_timed_out"], "queue_wait_max_s": queue["wait_max_s"]}
-    out["setup"] = {"replicas": args.replicas, "num_kv_blocks": setup.num_kv_blocks,
-                    "concurrency": setup.concurrency, "requests": setup.workload.num_requests,
-                    "tenants": setup.workload.tenants, "prompt_tokens": setup.workload.prompt_tokens}
-    return out
+    spec = ClusterSpec(replicas=args.replicas, gateways=0, num_kv_blocks=setup.num_kv_blocks,
+                       enforce_eager=not args.compiled)
+    with Cluster(spec, say=say) as cluster:
+        tokenizer = f"*={tokenizer_folder(cluster.config.model, cluster.config.quantization)}"
+        with TIERS[name](cluster.replica_urls, tokenizer) as tier:
+            summary, results = asyncio.run(serve_bench.run_load(
+                [tier.url + "/v1"], None, None, build("multi_tenant", setup.workload),
+                setup.concurrency, None, setup.duration_s, name, cluster.replica_urls))
+            queue = tier.overload_queue()  # requests that waited for a replica with room
+    say(format_summary(summary))
+    return summary, results, queue
+
+
+def _quality_row(summary) -> dict:
+    ttft = summary.ttft["p50"]
+    return {"cached_ratio": round(summary.cached_ratio, 4), "ok": summary.ok, "errors": summary.errors,
+            "ttft_p50_ms": None if ttft is None else round(1000 * ttft, 1),
+            "req_per_s": round(summary.req_per_s, 3)}
 
 
 # ---- the run ---------------------------------------------------------------------------------
