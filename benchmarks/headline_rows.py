@@ -207,6 +207,7 @@ ROWS: tuple[Row, ...] = (
 NOT_HEADLINED = {
     "server_overhead": "the HTTP server's cost over the offline engine (engine page)",
     "prefix_advice": "the cost of the gateway's prefix-stability check (gateway page)",
+    "prompt_tokens": "the routing tier's chat tokenisation, whole text vs by pieces (gateway page)",
     "envoy_picker": "Envoy + kvgate picker against the gateway as the routing tier (behind-Envoy page)",
     "decode_attention": "decode attention forms against each other (engine page)",
     "mixed_step": "one mixed step against its matmuls (engine page)",

@@ -15,6 +15,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from gateway.segment_cache import SegmentCache
 from protocol.tokenizer_bundle import SPECIAL_TOKENS, TokenizerBundle
 from protocol.tool_prompt import adapt_to_template
 
@@ -65,6 +66,7 @@ class LocalTokenizer:
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self.template = env.from_string(template)
         self._token_texts: dict[int, str] = {}
+        self.segments = SegmentCache(tokenizer, source)  # a chat's repeated pieces, tokenised once
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "LocalTokenizer":
@@ -124,7 +126,7 @@ class LocalTokenizer:
             raise ChatTemplateError(f"could not apply the chat template: {exc}") from exc
         if continue_final_message:
             text = _strip_after_final(text, messages)
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.segments.encode(text)
 
 
 def _strip_after_final(text: str, messages: list[dict]) -> str:
