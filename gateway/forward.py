@@ -12,7 +12,7 @@ import dataclasses
 import json
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from starlette.responses import Response
@@ -63,7 +63,8 @@ async def _forward_queued(state: GatewayState, routed: RoutedRequest,
     """Wait in the gateway's overload queue, in arrival order, and retry at its head."""
     try:
         return await state.overload.serve(
-            routed.request_id, lambda hold: _attempts(state, routed, tried, hold=hold), refusal)
+            routed.request_id,
+            lambda hold, dispatched: _attempts(state, routed, tried, hold, dispatched), refusal)
     except (QueueFull, QueueTimeout) as exc:
         raise overload_error(state, routed, exc) from None
 
@@ -79,8 +80,9 @@ def overload_error(state: GatewayState, routed: RoutedRequest,
 
 
 async def _attempts(state: GatewayState, routed: RoutedRequest, tried: set[str] | None = None,
-                    hold: bool = False) -> Response | Overloaded:
-    opened = await _open(state, routed, tried, hold)
+                    hold: bool = False, dispatched: Callable[[], None] | None = None
+                    ) -> Response | Overloaded:
+    opened = await _open(state, routed, tried, hold, dispatched)
     if isinstance(opened, Overloaded):
         return opened
     if routed.stream and opened.upstream.status_code == 200:
@@ -109,11 +111,16 @@ def _prefers(decision: Decision) -> bool:
 
 
 async def _open(state: GatewayState, routed: RoutedRequest, tried: set[str] | None = None,
-                hold: bool = False) -> Leg | Overloaded:
+                hold: bool = False, dispatched: Callable[[], None] | None = None) -> Leg | Overloaded:
     """One pass over the replicas, best first, until one answers. A replica that refuses for
     load is skipped without counting as a failure; if all refuse, the request may wait. With
     `hold` (a queued request), a refusal by the policy's first pick, when that pick holds the
-    prefix, ends the pass: the request waits for that replica rather than taking another."""
+    prefix, ends the pass: the request waits for that replica rather than taking another.
+    `dispatched` is given for a request from the overload queue: then a replica that would
+    refuse by the engine's own estimate (its load report and what this gateway booked there
+    since, as the Envoy picker judges it) counts as refusing without the request being sent,
+    and `dispatched()` is called when it is sent, so that the queue's next request need not
+    wait for this one's answer, which from a kvgate replica comes with its first token."""
     tried = set(tried or ())
     last: UpstreamFailure | None = None
     refusals: list[float] = []
@@ -136,6 +143,18 @@ async def _open(state: GatewayState, routed: RoutedRequest, tried: set[str] | No
             state.metrics.requests.labels(routed.endpoint, "none", "503").inc()
             raise service_unavailable(f"No replica can take this request now: {exc}.") from None
         state.metrics.routing_latency.observe(time.perf_counter() - t0)
+        # queued (overload established): not sent where the engine's estimate says it would refuse
+        over = None if dispatched is None else state.router.load.over_admission_bound(
+            decision.replica, routed.prompt_tokens, decision.request_id)
+        if over is not None:
+            await state.shared.finish(decision.request_id)
+            state.router.index.unpredict(decision.replica, routed.hashes)
+            tried.add(decision.replica)
+            refusals.append(over)
+            state.metrics.retries.labels("overloaded_estimate").inc()
+            if hold and attempt == 1 and _prefers(decision):
+                return Overloaded(over, preferred=decision.replica)
+            continue
         replica = state.replicas[decision.replica]
         replica.breaker.on_dispatch()
         record = _record(routed, decision, attempt)
@@ -145,6 +164,8 @@ async def _open(state: GatewayState, routed: RoutedRequest, tried: set[str] | No
         state.metrics.decisions.labels(decision.policy, decision.reason.split(":")[0]).inc()
         sent = time.perf_counter()
         lease = _keep_lease(state, decision)
+        if dispatched is not None:
+            dispatched()
         try:
             upstream = await open_until_down(state.proxy, replica,
                                               *_upstream_for(routed, replica), routed.headers)

@@ -4,6 +4,12 @@ somewhere or its Retry-After passes, the others wait their turn, and a request t
 while the queue is not empty joins its end rather than overtaking it. Bounded in length and in
 wait; past either bound the client gets the 503 itself.
 
+The line is for requests waiting for room, not for answers: once the head is sent to a replica
+that is expected to admit it (the gateway's estimate from the replica's load report), the next
+request takes its turn at once, without waiting for the first's answer, which from a kvgate
+replica comes with its first token. If the replica refuses after all, the request goes back to
+its place in line.
+
 Affinity survives the queue: a released request whose prefix-preferred replica (the policy's
 pick, holding its longest cached prefix) refuses again holds on to that replica for up to
 `affinity_s` - it is woken when that replica frees and routed again by the policy, which still
@@ -53,6 +59,7 @@ class Ticket:
     turn: asyncio.Event = field(default_factory=asyncio.Event)  # set when it may try again
     preferred: str | None = None  # the replica it holds on to (its prefix is cached there)
     affinity_until: float = 0.0
+    dispatched: bool = False  # sent to a replica expected to admit it: out of the line's way
 
     def holds_affinity(self, now: float | None = None) -> bool:
         return self.preferred is not None and (now or time.monotonic()) < self.affinity_until
@@ -102,9 +109,19 @@ class OverloadQueue:
             head.turn.set()
 
     def _head(self) -> Ticket | None:
-        """The first ticket not holding on to a replica: the one that retries for any room."""
+        """The first ticket not holding on to a replica nor sent to one: the one that retries
+        for any room."""
         now = time.monotonic()
-        return next((t for t in self._tickets if not t.holds_affinity(now)), None)
+        return next((t for t in self._tickets
+                     if not t.dispatched and not t.holds_affinity(now)), None)
+
+    def dispatched(self, ticket: Ticket) -> None:
+        """The ticket's request was sent to a replica expected to admit it: the next request
+        takes its turn now."""
+        ticket.dispatched = True
+        head = self._head()
+        if head is not None:
+            head.turn.set()
 
     @asynccontextmanager
     async def holding(self, request_id: str):
@@ -136,24 +153,35 @@ class OverloadQueue:
         if was_head and head is not None:
             head.turn.set()  # the next one retries at once: room may remain
 
-    async def serve(self, request_id: str, attempt: Callable[[bool], Awaitable[T | Overloaded]],
+    async def serve(self, request_id: str,
+                    attempt: Callable[[bool, Callable[[], None]], Awaitable[T | Overloaded]],
                     refusal: Overloaded | None = None) -> T:
-        """Wait in line, in arrival order, and at the head call `attempt(hold)` (one pass over
-        the replicas; `hold`: it may keep to its prefix's replica) until it is not refused.
+        """Wait in line, in arrival order, and at the head call `attempt(hold, dispatched)` (one
+        pass over the replicas; `hold`: it may keep to its prefix's replica; `dispatched()`: the
+        pass sent the request where it expects it to be admitted) until it is not refused.
         `refusal`: the pass that already failed before the request joined. Raises QueueFull or
         QueueTimeout, carrying the last refusal's Retry-After."""
         try:
             async with self.holding(request_id) as ticket:
-                await self.wait_turn(ticket)
+                if not ticket.turn.is_set():  # not the head on joining: it waits its turn, ...
+                    await self.wait_turn(ticket)
+                    refusal = None  # ... which the one before passes on: room may remain
                 while True:
                     if refusal is not None:
                         await self.wait_retry(ticket, refusal.retry_after_s)
-                    outcome = await attempt(self.may_hold(ticket))
+                    outcome = await attempt(self.may_hold(ticket),
+                                            lambda: self.dispatched(ticket))
                     if not isinstance(outcome, Overloaded):
                         return outcome
                     refusal = outcome
+                    ticket.dispatched = False  # refused after all: back in its place in line
                     if outcome.preferred is not None:
                         self.hold(ticket, outcome.preferred)
+                    elif self._head() is not ticket:
+                        # a request ahead of it retries for room; its turn comes after that one's
+                        ticket.turn.clear()
+                        await self.wait_turn(ticket)
+                        refusal = None  # room may remain: try at once
         except (QueueFull, QueueTimeout) as exc:
             exc.retry_after_s = refusal.retry_after_s if refusal is not None else 1.0
             raise

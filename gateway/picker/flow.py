@@ -84,6 +84,8 @@ async def route_with_room(state: GatewayState, routed: RoutedRequest, exclusions
     on_queued(queue.max_wait_s)
     try:
         return await queue.serve(
-            routed.request_id, lambda hold: _one_pass(state, routed, exclusions, hold), refusal)
+            # a pass ends at its pick (the proxy sends the request): nothing to signal early
+            routed.request_id, lambda hold, _dispatched: _one_pass(state, routed, exclusions, hold),
+            refusal)
     except (QueueFull, QueueTimeout) as exc:
         raise overload_error(state, routed, exc) from None
