@@ -19,14 +19,9 @@ from gateway.forward import RoutedRequest, forward
 from gateway.replicas import HEALTHY, Replica
 from gateway.state import GatewayState
 from routing.hashing import block_hashes, namespace_for
+from tests.gateway.test_overload_affinity import ANSWER, MODEL, OVERLOADED, until
 
 pytestmark = pytest.mark.timeout(60)
-MODEL = "m"
-ANSWER = {"id": "x", "object": "text_completion", "created": 0, "model": MODEL,
-          "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
-          "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-OVERLOADED = {"error": {"message": "busy", "type": "server_error", "param": None,
-                        "code": "engine_overloaded"}}
 FIRST_TOKEN_S = 1.0
 
 
@@ -75,13 +70,6 @@ class Fleet:
     def free(self) -> None:
         self.open = True
         self.state.overload.notify_freed()
-
-
-async def until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
 
 
 async def test_queued_requests_are_sent_together_not_one_first_token_apart():
