@@ -73,6 +73,23 @@ async def _release(state: GatewayState, decision: Decision, lease: asyncio.Task 
         state.overload.notify_freed(decision.replica)
 
 
+async def _passed_over(state: GatewayState, routed: RoutedRequest, decision: Decision,
+                       tried: set[str]) -> float | None:
+    """Would the pick refuse the request, by the engine's own estimate (its load report plus
+    this gateway's bookings there since)? If so, the seconds over its bound; the booking is
+    released, the prefix prediction withdrawn (it would pull the next pick back there) and the
+    replica joins `tried`. None: it would take the request."""
+    over = state.router.load.over_admission_bound(decision.replica, routed.prompt_tokens,
+                                                  decision.request_id)
+    if over is None:
+        return None
+    await state.shared.finish(decision.request_id)
+    state.router.index.unpredict(decision.replica, routed.hashes)
+    tried.add(decision.replica)
+    state.metrics.retries.labels("overloaded_estimate").inc()
+    return over
+
+
 def _record(routed: RoutedRequest, decision: Decision, attempt: int) -> DecisionRecord:
     scores = [{"replica": s.replica, "cached_tokens": s.cached_tokens, "in_flight": s.in_flight,
                "pending_prefill_tokens": s.pending_prefill_tokens, "kv_usage": s.kv_usage,

@@ -18,8 +18,8 @@ import httpx
 from starlette.responses import Response
 
 from gateway.attempts import (Leg, RoutedRequest, _all_failed, _finish_request,  # noqa: F401
-                              _first_byte, _keep_lease, _note_failure, _observe_usage, _record,
-                              _release)
+                              _first_byte, _keep_lease, _note_failure, _observe_usage,
+                              _passed_over, _record, _release)
 from gateway.migration import Interrupted, Migration, next_chunk
 from gateway.overload_queue import Overloaded, QueueFull, QueueTimeout
 from gateway.replicas import Replica, role_exclusions
@@ -144,14 +144,9 @@ async def _open(state: GatewayState, routed: RoutedRequest, tried: set[str] | No
             raise service_unavailable(f"No replica can take this request now: {exc}.") from None
         state.metrics.routing_latency.observe(time.perf_counter() - t0)
         # queued (overload established): not sent where the engine's estimate says it would refuse
-        over = None if dispatched is None else state.router.load.over_admission_bound(
-            decision.replica, routed.prompt_tokens, decision.request_id)
+        over = None if dispatched is None else await _passed_over(state, routed, decision, tried)
         if over is not None:
-            await state.shared.finish(decision.request_id)
-            state.router.index.unpredict(decision.replica, routed.hashes)
-            tried.add(decision.replica)
             refusals.append(over)
-            state.metrics.retries.labels("overloaded_estimate").inc()
             if hold and attempt == 1 and _prefers(decision):
                 return Overloaded(over, preferred=decision.replica)
             continue

@@ -1,7 +1,7 @@
 """Token ids of a rendered chat, reusing the ids of the text between special tokens that earlier
 requests already had: a long system prompt or document, or a conversation's earlier turns, is
-tokenised once, not on every request (a 7,000-token prompt costs the routing tier ~10 ms of CPU
-a request to tokenise whole).
+tokenised once, not on every request (whole-text tokenisation grows with the prompt and is most
+of the routing tier's CPU on long prompts; benchmarks/prompt_tokens.py measures both ways).
 
 It is exact because of how `tokenizers` encodes: it first cuts the text at every added token
 (`<|im_start|>`, `<|im_end|>`, ...), and then normalises, pre-tokenises and runs the model on

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
+from gateway.attempts import _passed_over
 from gateway.forward import RoutedRequest, _prefers, overload_error
 from gateway.overload_queue import Overloaded, QueueFull, QueueTimeout
 from gateway.state import GatewayState
@@ -58,14 +59,9 @@ async def _one_pass(state: GatewayState, routed: RoutedRequest, exclusions: Excl
                 return Overloaded(min(refusals))
             raise _no_replica(state, routed, exc) from None
         state.metrics.routing_latency.observe(time.perf_counter() - t0)
-        over = state.router.load.over_admission_bound(decision.replica, routed.prompt_tokens,
-                                                      decision.request_id)
+        over = await _passed_over(state, routed, decision, tried)
         if over is None:
             return decision
-        # it would refuse: no booking there, and no prefix prediction to pull the next pick back
-        await state.shared.finish(decision.request_id)
-        state.router.index.unpredict(decision.replica, routed.hashes)
-        tried.add(decision.replica)
         refusals.append(over)
         if hold and len(refusals) == 1 and _prefers(decision):
             return Overloaded(over, preferred=decision.replica)

@@ -29,6 +29,17 @@ OVERLOADED = {"error": {"message": "busy", "type": "server_error", "param": None
                         "code": "engine_overloaded"}}
 
 
+def serve_through(state: GatewayState, answer, names) -> None:
+    """Healthy replicas `names` of MODEL in the gateway's state, each answering through
+    `answer(request)` (a mock transport: the request's host is the replica's name)."""
+    state.proxy = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    for name in names:
+        replica = Replica(name, f"http://{name}", CircuitBreaker(), models=[MODEL])
+        replica.health = HEALTHY
+        state.replicas[name] = replica
+        state.router.add_replica(name)
+
+
 class Fleet:
     """Two replicas, `a` and `b`, full until given room; `a` holds the prefix PREFIX."""
 
@@ -47,12 +58,7 @@ class Fleet:
             self.served.append((name, request.headers["x-request-id"]))
             return httpx.Response(200, json=ANSWER)
 
-        self.state.proxy = httpx.AsyncClient(transport=httpx.MockTransport(answer))
-        for name in self.room:
-            replica = Replica(name, f"http://{name}", CircuitBreaker(), models=[MODEL])
-            replica.health = HEALTHY
-            self.state.replicas[name] = replica
-            self.state.router.add_replica(name)
+        serve_through(self.state, answer, self.room)
         self.prefix = list(range(1, 257))
         self.state.router.on_snapshot("a", {"seq": 1, "block_size": 16, "blocks": self.hashes(
             self.prefix)})

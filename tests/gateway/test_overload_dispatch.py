@@ -13,13 +13,11 @@ import time
 import httpx
 import pytest
 
-from gateway.circuit import CircuitBreaker
 from gateway.config import GatewayConfig
 from gateway.forward import RoutedRequest, forward
-from gateway.replicas import HEALTHY, Replica
 from gateway.state import GatewayState
 from routing.hashing import block_hashes, namespace_for
-from tests.gateway.test_overload_affinity import ANSWER, MODEL, OVERLOADED, until
+from tests.gateway.test_overload_affinity import ANSWER, MODEL, OVERLOADED, serve_through, until
 
 pytestmark = pytest.mark.timeout(60)
 FIRST_TOKEN_S = 1.0
@@ -51,12 +49,7 @@ class Fleet:
                 self.running[name] -= 1
             return httpx.Response(200, json=ANSWER)
 
-        self.state.proxy = httpx.AsyncClient(transport=httpx.MockTransport(answer))
-        for name in self.running:
-            replica = Replica(name, f"http://{name}", CircuitBreaker(), models=[MODEL])
-            replica.health = HEALTHY
-            self.state.replicas[name] = replica
-            self.state.router.add_replica(name)
+        serve_through(self.state, answer, self.running)
 
     def send(self, request_id: str) -> asyncio.Task:
         tokens = [hash(request_id) % 1000 + i for i in range(64)]
