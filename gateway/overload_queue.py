@@ -177,8 +177,10 @@ class OverloadQueue:
                     ticket.dispatched = False  # refused after all: back in its place in line
                     if outcome.preferred is not None:
                         self.hold(ticket, outcome.preferred)
-                    elif self._head() is not ticket:
+                    elif not ticket.holds_affinity() and self._head() is not ticket:
                         # a request ahead of it retries for room; its turn comes after that one's
+                        # (one still holding on to a replica goes on holding: nobody would give
+                        # it a turn when its hold ends, and the line would wait for it)
                         ticket.turn.clear()
                         await self.wait_turn(ticket)
                         refusal = None  # room may remain: try at once
