@@ -5,7 +5,10 @@ Python proxy, and (b) Envoy with `kvgate picker` as its ext_proc endpoint picker
 
 Part 1, the routing tier alone: two benchmark FIXTURE upstreams (benchmarks.gateway_overhead's
 HTTP server that answers a streamed chat completion at once; no model) behind each tier, so
-what differs is only the tier. Streamed chat requests, open loop: at `--rate` the latency added
+what differs is only the tier. The fixtures answer with a kvgate replica's usage headers, so
+the picker reads usage from the response headers and asks Envoy for none of the body; a third
+run, `envoy_foreign`, puts Envoy and the picker before fixtures without them (as a vLLM replica
+answers), where the picker reads usage from the streamed body, one message per chunk. Streamed chat requests, open loop: at `--rate` the latency added
 over the fixture reached directly (p50, p99; direct and through the tier in `--rounds` turns)
 and the CPU seconds per request of the tier's processes (the gateway; Envoy + picker) from /proc; then a stepped rate search (x`--step`
 per step, `--step-s` seconds each, a failed step measured once more, `--search-budget-s` per
@@ -39,10 +42,8 @@ from benchmarks.gateway_overhead import FIXTURE_MODEL, _ok, _pct, _tokenizer_fol
 from benchmarks.routing_tier import EnvoyTier, GatewayTier, Tier, free_port
 
 TIERS = {"gateway": GatewayTier, "envoy": EnvoyTier}
-# Part 1 also runs Envoy with the picker out of the response bytes (response_body NONE): no usage
-# for the dashboard, the booking ends when Envoy closes the ext_proc stream (the end of the HTTP
-# stream), and one ext_proc message fewer per response chunk.
-TIER_VARIANTS = {**TIERS, "envoy_no_body": EnvoyTier}
+# Part 1 also runs Envoy + picker before replicas that are not kvgate's (no usage headers)
+TIER_VARIANTS = {**TIERS, "envoy_foreign": EnvoyTier}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -128,23 +129,27 @@ def rate_search(base: str, args: argparse.Namespace, say) -> dict:
 
 def routing_tier(args: argparse.Namespace, say) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ports = [free_port(), free_port()]
-    fixtures = [subprocess.Popen([sys.executable, "-m", "benchmarks.gateway_overhead", "--serve-fixture",
-                                  "--port", str(p)], env=env) for p in ports]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    fixtures: dict[bool, tuple[list[str], list[subprocess.Popen]]] = {}
+    for headers in (True, False):  # kvgate replicas' usage headers, or none
+        ports = [free_port(), free_port()]
+        fixtures[headers] = ([f"http://127.0.0.1:{p}" for p in ports], [subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.gateway_overhead", "--serve-fixture", "--port", str(p),
+             *(["--usage-headers"] if headers else [])], env=env) for p in ports])
     out: dict = {}
     try:
-        for url, proc in zip(urls, fixtures):
-            _wait(url + "/health", proc)
+        for urls, procs in fixtures.values():
+            for url, proc in zip(urls, procs):
+                _wait(url + "/health", proc)
         for name, tier_class in TIER_VARIANTS.items():
-            kw = {} if name == "gateway" else {"envoy_concurrency": args.envoy_concurrency,
-                                               "response_body": "NONE" if name == "envoy_no_body" else "STREAMED"}
+            kw = {} if name == "gateway" else {"envoy_concurrency": args.envoy_concurrency}
+            urls = fixtures[name != "envoy_foreign"][0]
             with tier_class(urls, f"{FIXTURE_MODEL}={_tokenizer_folder()}", **kw) as tier:
                 out[name] = _measure_tier(name, tier, urls[0], args, say)
     finally:
-        for proc in fixtures:
-            proc.terminate()
-            proc.wait(timeout=10)
+        for _, procs in fixtures.values():
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=10)
     return out
 
 
@@ -254,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         "added_p99_ms_envoy": ev["added_p99_ms"], "added_p99_ms_gateway": gw["added_p99_ms"],
         "cpu_ms_per_request_envoy": ev["cpu_ms_per_request"],
         "cpu_ms_per_request_gateway": gw["cpu_ms_per_request"],
-        "max_rate_envoy_no_body": tier["envoy_no_body"]["max_rate"],
-        "added_p99_ms_envoy_no_body": tier["envoy_no_body"]["added_p99_ms"],
-        "cpu_ms_per_request_envoy_no_body": tier["envoy_no_body"]["cpu_ms_per_request"],
+        "max_rate_envoy_foreign": tier["envoy_foreign"]["max_rate"],
+        "added_p99_ms_envoy_foreign": tier["envoy_foreign"]["added_p99_ms"],
+        "cpu_ms_per_request_envoy_foreign": tier["envoy_foreign"]["cpu_ms_per_request"],
         "cached_ratio_envoy": quality_rows.get("envoy", {}).get("cached_ratio"),
         "cached_ratio_gateway": quality_rows.get("gateway", {}).get("cached_ratio"),
         "ttft_p50_ms_envoy": quality_rows.get("envoy", {}).get("ttft_p50_ms"),

@@ -8,6 +8,8 @@ The upstream is a FIXTURE, not a model: a real HTTP/1.1 keep-alive server (async
 framework) that answers every completion at once with a fixed body, so the only cost that
 differs between the two paths is the gateway's (parse, tokenise, hash, route, proxy). It has no
 /kv endpoints, so the gateway routes it with the approximate index, as it would a vLLM server.
+(`--serve-fixture --usage-headers` answers with a kvgate replica's usage headers as well,
+protocol/usage_headers.py: benchmarks.envoy_picker's stand-in for kvgate replicas.)
 Everything runs on loopback. The last line is JSON: {"added_p50_ms", "added_p99_ms", "max_rps"}.
 """
 
@@ -26,6 +28,7 @@ import httpx
 
 from benchmarks import results_file
 from benchmarks.lean_client import LeanClient, ResponseError
+from protocol.usage_headers import usage_headers
 
 FIXTURE_MODEL = "fixture-model"
 _USAGE = {"prompt_tokens": 40, "completion_tokens": 3, "total_tokens": 43,
@@ -52,28 +55,44 @@ def _chat_events() -> list[bytes]:
     return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
 
 
-def _response(status: int, body: bytes, content_type: str = "application/json") -> bytes:
+def _header_lines(headers: dict[str, str]) -> bytes:
+    return b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())
+
+
+def _response(status: int, body: bytes, content_type: str = "application/json",
+              extra: dict[str, str] | None = None) -> bytes:
     reason = {200: "OK", 404: "Not Found"}.get(status, "OK")
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\n"
-            f"content-length: {len(body)}\r\n\r\n").encode() + body
+            f"content-length: {len(body)}\r\n").encode() + _header_lines(extra or {}) + b"\r\n" + body
 
 
-def _chunked(events: list[bytes]) -> bytes:
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+def _chunked(events: list[bytes], extra: dict[str, str] | None = None) -> bytes:
+    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+            + _header_lines(extra or {}) + b"\r\n")
     return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
 
 
-_FIXED = {
-    ("GET", "/health"): _response(200, b"{}"),
-    ("GET", "/v1/models"): _response(200, json.dumps(_MODELS).encode()),
-    ("POST", "/v1/chat/completions"): _response(200, json.dumps(_CHAT).encode()),
-    ("POST", "/v1/completions"): _response(200, json.dumps(_TEXT).encode()),
-}
-_STREAM = _chunked(_chat_events())
+def _answers(usage: dict[str, str] | None) -> tuple[dict[tuple[str, str], bytes], bytes]:
+    """The fixed answers by (method, path), and the streamed chat answer; `usage`: headers the
+    completions carry (a kvgate replica's usage headers)."""
+    fixed = {
+        ("GET", "/health"): _response(200, b"{}"),
+        ("GET", "/v1/models"): _response(200, json.dumps(_MODELS).encode()),
+        ("POST", "/v1/chat/completions"): _response(200, json.dumps(_CHAT).encode(), extra=usage),
+        ("POST", "/v1/completions"): _response(200, json.dumps(_TEXT).encode(), extra=usage),
+    }
+    return fixed, _chunked(_chat_events(), usage)
+
+
 _NOT_FOUND = _response(404, b'{"error":{"message":"not found","type":"invalid_request_error","param":null,"code":"not_found"}}')
 
 
-async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+_PLAIN = _answers(None)
+
+
+async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            answers: tuple[dict[tuple[str, str], bytes], bytes] = _PLAIN) -> None:
+    fixed, streamed = answers
     try:
         while True:
             line = await reader.readline()
@@ -88,9 +107,9 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
             body = await reader.readexactly(length) if length else b""
             path = target.decode().split("?", 1)[0]
             if method == b"POST" and b'"stream":true' in body.replace(b" ", b""):
-                writer.write(_STREAM)
+                writer.write(streamed)
             else:
-                writer.write(_FIXED.get((method.decode(), path), _NOT_FOUND))
+                writer.write(fixed.get((method.decode(), path), _NOT_FOUND))
             await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError, ValueError):
         pass
@@ -98,9 +117,13 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
         writer.close()
 
 
-def serve_fixture(port: int) -> None:
+def serve_fixture(port: int, with_usage_headers: bool = False) -> None:
+    usage = _USAGE["prompt_tokens"], _USAGE["prompt_tokens_details"]["cached_tokens"]
+    answers = _answers(usage_headers(*usage)) if with_usage_headers else _PLAIN
+
     async def main() -> None:
-        server = await asyncio.start_server(_serve_connection, "127.0.0.1", port, backlog=1024)
+        server = await asyncio.start_server(
+            lambda r, w: _serve_connection(r, w, answers), "127.0.0.1", port, backlog=1024)
         async with server:
             await server.serve_forever()
     asyncio.run(main())
@@ -207,13 +230,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-rps-duration", type=float, default=10.0)
     p.add_argument("--serve-fixture", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--usage-headers", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve_fixture:
-        serve_fixture(args.port)
+        serve_fixture(args.port, args.usage_headers)
         return 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     up_port, gw_port = _free_port(), _free_port()

@@ -12,7 +12,6 @@ from starlette.responses import Response
 
 from gateway import disagg
 from gateway.admission import COUNT_TOKENS_PATH, admit, count_tokens
-from gateway.admission import tenant_salt  # noqa: F401 - its old home
 from gateway.state import GatewayState
 from protocol.anthropic import CountTokensResponse
 from protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected

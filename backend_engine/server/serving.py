@@ -33,6 +33,7 @@ from protocol.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, unles
 from protocol.errors import APIError, service_unavailable
 from protocol.kv_transfer import KVTransferParams
 from protocol.sse import EventStreamResponse
+from protocol.usage_headers import usage_headers
 
 logger = logging.getLogger(__name__)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,256}$")
@@ -124,6 +125,9 @@ async def serve_generation(
             raise _to_api_error(state, exc) from None
         raise
 
+    # the prompts' usage is known with their first outputs: in the headers for proxies
+    headers.update(usage_headers(sum(len(s.first.prompt_token_ids) for s in started),
+                                 sum(s.first.num_cached_tokens for s in started)))
     if stream:
 
         async def on_close() -> None:

@@ -2,8 +2,9 @@
 request headers (authenticate, learn the path and the subset hint), the buffered request body
 (admit and route exactly as the gateway does, book the replica, and name the next best ones
 for the proxy's retries), response headers and body (which replica answered after retries,
-its status, time to first byte, usage with cached tokens), then the end of the stream, which
-releases the booking whether the response ended or the client went away."""
+its status, time to first byte, usage with cached tokens: from a kvgate replica's headers, and
+then the proxy is asked for none of the body; from the body's usage otherwise), then the end of
+the stream, which releases the booking whether the response ended or the client went away."""
 
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ from gateway.picker.endpoints import Endpoints, UnresolvableReplica
 from gateway.replicas import Replica
 from gateway.state import GatewayState
 from gateway.stats import DecisionRecord
-from gateway.upstream import UsageScanner, usage_of
+from gateway.upstream import Usage, UsageScanner, usage_of
 from protocol.disconnect import CLIENT_CLOSED_REQUEST
 from protocol.errors import APIError, bad_request, model_not_found, not_found
 from protocol.http import api_key_of
 from protocol.model_list import ModelCard, ModelList
+from protocol.usage_headers import usage_from_headers
 from routing.policies import Decision
 
 MAX_USAGE_BODY_BYTES = 8 << 20  # a non-streamed answer larger than this is not read for usage
@@ -65,6 +67,7 @@ class Exchange:
         self.picked: Picked | None = None
         self.finished = False
         self._scanner = UsageScanner()
+        self._header_usage: Usage | None = None  # a kvgate replica's, from its response headers
         # a message sent to the proxy before the phase's answer (a longer wait for it, queued)
         self._send = send
         self._interim: asyncio.Future | None = None
@@ -233,12 +236,19 @@ class Exchange:
                           f"{picked.replica.name} answered {picked.status}")
         else:  # 503 is a refusal for load (the engine's Retry-After), not a broken replica
             picked.replica.breaker.record_success()
+        usage = usage_from_headers(values) if picked.status == 200 else None
+        skip_body = usage is not None and self.response_body_seen and not headers.end_of_stream
+        if usage is not None:
+            self._header_usage = Usage(*usage)
+        if skip_body:  # nothing left to read in the body: the stream's end releases the booking
+            self.response_body_seen = False
         if not self.response_body_seen or headers.end_of_stream:
             await self._first_byte()
         if headers.end_of_stream:
             await self._finish()
-        return gie.continue_headers("response_headers", {REPLICA_HEADER: picked.replica.name},
-                                    remove=[gie.SERVED_HEADER])
+        answer = gie.continue_headers("response_headers", {REPLICA_HEADER: picked.replica.name},
+                                      remove=[gie.SERVED_HEADER])
+        return gie.without_response_body(answer) if skip_body else answer
 
     async def _response_body(self, body: ext_proc.HttpBody) -> ext_proc.ProcessingResponse:
         picked = self.picked
@@ -265,9 +275,11 @@ class Exchange:
         state.priorities.record_ttft(routed.priority, ttft)
         await state.shared.first_token(picked.decision.request_id)
 
-    def _usage(self):  # noqa: ANN202 - gateway.upstream.Usage | None
+    def _usage(self) -> Usage | None:
         if self.picked is None or self.picked.status != 200:
             return None
+        if self._header_usage is not None:
+            return self._header_usage
         if self.picked.routed.stream:
             return self._scanner.usage
         try:

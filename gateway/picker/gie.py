@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterable
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.duration_pb2 import Duration
@@ -86,6 +87,17 @@ def continue_headers(phase: str, set_headers: dict[str, str] | None = None,
     """Go on with the request ("request_headers") or response ("response_headers")."""
     common = ext_proc.CommonResponse(header_mutation=_mutation(set_headers or {}, remove))
     return ext_proc.ProcessingResponse(**{phase: ext_proc.HeadersResponse(response=common)})
+
+
+def without_response_body(answer: ext_proc.ProcessingResponse) -> ext_proc.ProcessingResponse:
+    """The answer to the response headers, asking the proxy to send none of the response body
+    from here on (`mode_override`; a proxy whose filter does not set `allow_mode_override`
+    sends it still, and the picker lets it through)."""
+    answer.mode_override.CopyFrom(ProcessingMode(
+        request_header_mode=ProcessingMode.SEND, response_header_mode=ProcessingMode.SEND,
+        request_body_mode=ProcessingMode.BUFFERED, response_body_mode=ProcessingMode.NONE,
+        request_trailer_mode=ProcessingMode.SKIP, response_trailer_mode=ProcessingMode.SKIP))
+    return answer
 
 
 def continue_body(phase: str) -> ext_proc.ProcessingResponse:

@@ -100,6 +100,9 @@ def _ext_proc(s: EnvoySettings) -> dict:
                             "request_trailer_mode": "SKIP", "response_header_mode": "SEND",
                             "response_body_mode": s.response_body,
                             "response_trailer_mode": "SKIP"},
+        # the picker answers a kvgate replica's response headers with "no body" (the usage is
+        # in them): no message per streamed chunk
+        "allow_mode_override": True,
         # the subset of endpoints a GIE gateway allows, when it sets one
         "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}}}}
 

@@ -103,6 +103,30 @@ def test_follow_up_turn_lands_on_the_prefix_holder_with_cached_tokens(cluster):
         assert last["predicted_cached_tokens"] == procs.whole_blocks(cached)
 
 
+def ext_proc_messages(envoy: Envoy) -> int:
+    """The messages Envoy has sent its ext_proc service (its admin's counter)."""
+    stats = httpx.get(envoy.admin_url + "/stats?format=json&filter=ext_proc.stream_msgs_sent").json()
+    return int(sum(s.get("value", 0) for s in stats["stats"]))
+
+
+def test_a_kvgate_replicas_answer_reaches_the_picker_as_headers_only(cluster):
+    """The usage is in a kvgate replica's response headers: the picker asks Envoy for none of
+    the body, so a streamed answer costs the same three messages as a short one."""
+    _, picker, closed, _ = cluster
+    system = procs.long_system_prompt("juliett")
+    chat(closed, system + " first")
+    before = ext_proc_messages(closed)
+    r = chat(closed, system + " again", stream=True, max_tokens=12)
+    usage = json.loads(sse_events(r.text)[-2])["usage"]
+    assert usage["completion_tokens"] == 12
+    assert procs.wait_until(lambda: decisions(picker, 1)[0]["status"] == 200)
+    # request headers, request body, response headers: no message per streamed chunk
+    assert ext_proc_messages(closed) - before == 3
+    last = decisions(picker, 1)[0]
+    assert last["engine_cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"] > 0
+    assert last["ttft_s"] is not None
+
+
 def test_refusals_are_openai_errors(cluster):
     _, _, closed, _ = cluster
     cases = [

@@ -8,9 +8,9 @@ import json
 import httpx
 import pytest
 
+from gateway.admission import tenant_salt
 from gateway.circuit import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from gateway.config import ApiKey, ConfigError, GatewayConfig, apply_env, load_file, validate
-from gateway.openai_routes import tenant_salt
 from gateway.prompt_tokens import PromptTokens
 from gateway.tokenizer import LocalTokenizer
 from gateway.upstream import UsageScanner

@@ -1,6 +1,7 @@
 """The picker's ext_proc stream in process, over real gRPC (grpc aio server and client, no
 Envoy): one answer per message in order; the usage of a streamed answer is read from its usage
-chunk and the booking released at its end; a stream the proxy resets mid-response (the client
+chunk and the booking released at its end; a kvgate replica's usage is read from its response
+headers, the proxy is asked for none of the body, and the booking goes when the stream closes; a stream the proxy resets mid-response (the client
 went away) releases its booking too; a queued request's "wait longer" message comes before its
 answer."""
 
@@ -12,6 +13,7 @@ import json
 import grpc
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 
@@ -20,6 +22,7 @@ from gateway.config import GatewayConfig
 from gateway.picker.service import EndpointPicker
 from gateway.replicas import HEALTHY, Replica
 from gateway.state import GatewayState
+from protocol.usage_headers import CACHED_TOKENS_HEADER, PROMPT_TOKENS_HEADER, usage_headers
 from tests.gateway import procs
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,10 +45,11 @@ def request_body(content: str) -> ext_proc.ProcessingRequest:
         body=json.dumps(body).encode(), end_of_stream=True))
 
 
-def response_headers(endpoint: str) -> ext_proc.ProcessingRequest:
+def response_headers(endpoint: str, extra: dict[str, str] | None = None) -> ext_proc.ProcessingRequest:
     return ext_proc.ProcessingRequest(response_headers=ext_proc.HttpHeaders(headers=HeaderMap(headers=[
         HeaderValue(key=k, raw_value=v.encode()) for k, v in
-        {":status": "200", "content-type": "text/event-stream", "x-kvgate-upstream": endpoint}.items()])))
+        {":status": "200", "content-type": "text/event-stream", "x-kvgate-upstream": endpoint,
+         **(extra or {})}.items()])))
 
 
 def response_body(chunk: bytes, end: bool = False) -> ext_proc.ProcessingRequest:
@@ -121,6 +125,44 @@ async def test_streamed_answer_records_its_usage_and_releases_the_booking_at_its
     replica = state.replicas[endpoint]
     assert replica.counts.cached_tokens == 32 and replica.counts.prompt_tokens == 40
     assert replica.counts.requests == 1
+
+
+async def test_usage_in_a_kvgate_replicas_headers_spares_the_body(picker):
+    state, stub = picker
+    call = stub.Process()
+    await call.write(request_headers())
+    await call.read()
+    await call.write(request_body("headers only"))
+    endpoint = chosen(await call.read())
+    await call.write(response_headers(endpoint, usage_headers(40, 32)))
+    answer = await call.read()
+    assert answer.HasField("response_headers")
+    assert answer.mode_override.response_body_mode == ProcessingMode.NONE  # no body, please
+    assert booked(state) == 1  # the answer streams on
+    await call.done_writing()  # the HTTP stream ended: Envoy closes the ext_proc stream
+    assert await call.read() is grpc.aio.EOF
+    assert await wait_for(lambda: booked(state) == 0)
+    replica = state.replicas[endpoint]
+    assert replica.counts.cached_tokens == 32 and replica.counts.prompt_tokens == 40
+    assert state.stats.decisions[-1].ttft_s is not None
+
+
+async def test_headers_without_usage_keep_the_body_coming(picker):
+    state, stub = picker
+    call = stub.Process()
+    await call.write(request_headers())
+    await call.read()
+    await call.write(request_body("a foreign replica"))
+    endpoint = chosen(await call.read())
+    # not counts: a replica that is not kvgate's, or a proxy that mangled them
+    await call.write(response_headers(endpoint, {PROMPT_TOKENS_HEADER: "40", CACHED_TOKENS_HEADER: "x"}))
+    assert not (await call.read()).HasField("mode_override")
+    await call.write(response_body(sse({"id": "c", "choices": [], "usage": USAGE}), end=True))
+    assert (await call.read()).HasField("response_body")
+    assert booked(state) == 0
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert state.replicas[endpoint].counts.cached_tokens == 32
 
 
 async def test_a_stream_reset_mid_answer_releases_the_booking(picker):
