@@ -31,9 +31,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def run_kvgate(prompts, new_tokens: int, concurrency: int, dtype: str,
                quantization: str | None = None,
-               engine_options: dict[str, str] | None = None) -> float:
+               engine_options: dict[str, str] | None = None,
+               target_itl_ms: float | None = None) -> float:
     llm = LLM("default", max_num_seqs=concurrency, max_num_batched_tokens=512, dtype=dtype,
-              quantization=quantization, engine_options=engine_options or {})
+              quantization=quantization, engine_options=engine_options or {},
+              target_itl_ms=target_itl_ms)
     llm.generate(prompts[:2], SamplingParams(max_tokens=4))  # warm-up
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     start = time.perf_counter()
@@ -113,6 +115,10 @@ def main() -> None:
                     metavar="KEY=VALUE",
                     help="kvgate's plan overrides, as `kvgate engine --engine-option` (e.g. "
                          "decode=kernel: how decode rows multiply quantised weights)")
+    ap.add_argument("--target-itl-ms", type=float, default=None,
+                    help="kvgate's step budget: the ITL its prefill share is sized for (default: "
+                         "the engine's, 250 ms on CPU); 0: a fixed --max-num-batched-tokens "
+                         "budget of 512, as engines before the ITL target ran")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -120,13 +126,13 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("default").folder)
     prompts = token_prompts(tokenizer, args.requests, args.prompt_tokens)
     ours = run_kvgate(prompts, args.new_tokens, args.concurrency, args.dtype, args.quantization,
-                      dict(args.engine_option))
+                      dict(args.engine_option), args.target_itl_ms)
     print(f"kvgate                      {ours:8.1f} tok/s  ({args.requests} requests)")
     hf = run_hf_sequential(prompts[:args.hf_subset], args.new_tokens, args.dtype)
     print(f"transformers generate (1x1) {hf:8.1f} tok/s  ({args.hf_subset} requests)")
     result = {"speedup_vs_hf": round(ours / hf, 2), "kvgate_tok_s": round(ours, 1),
               "hf_tok_s": round(hf, 2), "dtype": args.dtype, "quantization": args.quantization,
-              "engine_options": dict(args.engine_option)}
+              "engine_options": dict(args.engine_option), "target_itl_ms": args.target_itl_ms}
     if not args.skip_hf_cb:
         hf_cb = run_hf_continuous_batching(prompts, args.new_tokens, args.concurrency,
                                            args.dtype)
