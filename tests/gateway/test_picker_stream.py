@@ -97,6 +97,15 @@ async def wait_for(predicate, timeout_s: float = 5.0) -> bool:
     return predicate()
 
 
+async def routed(stub, content: str):  # noqa: ANN001, ANN201 - (the open call, its endpoint)
+    """A stream through the request phase: headers, then the body the picker routes."""
+    call = stub.Process()
+    await call.write(request_headers())
+    await call.read()
+    await call.write(request_body(content))
+    return call, chosen(await call.read())
+
+
 def chosen(answer: ext_proc.ProcessingResponse) -> str:
     mutation = answer.request_body.response.header_mutation.set_headers
     return next(h.header.raw_value.decode() for h in mutation
@@ -129,11 +138,7 @@ async def test_streamed_answer_records_its_usage_and_releases_the_booking_at_its
 
 async def test_usage_in_a_kvgate_replicas_headers_spares_the_body(picker):
     state, stub = picker
-    call = stub.Process()
-    await call.write(request_headers())
-    await call.read()
-    await call.write(request_body("headers only"))
-    endpoint = chosen(await call.read())
+    call, endpoint = await routed(stub, "headers only")
     await call.write(response_headers(endpoint, usage_headers(40, 32)))
     answer = await call.read()
     assert answer.HasField("response_headers")
@@ -149,11 +154,7 @@ async def test_usage_in_a_kvgate_replicas_headers_spares_the_body(picker):
 
 async def test_headers_without_usage_keep_the_body_coming(picker):
     state, stub = picker
-    call = stub.Process()
-    await call.write(request_headers())
-    await call.read()
-    await call.write(request_body("a foreign replica"))
-    endpoint = chosen(await call.read())
+    call, endpoint = await routed(stub, "a foreign replica")
     # not counts: a replica that is not kvgate's, or a proxy that mangled them
     await call.write(response_headers(endpoint, {PROMPT_TOKENS_HEADER: "40", CACHED_TOKENS_HEADER: "x"}))
     assert not (await call.read()).HasField("mode_override")
@@ -167,11 +168,7 @@ async def test_headers_without_usage_keep_the_body_coming(picker):
 
 async def test_a_stream_reset_mid_answer_releases_the_booking(picker):
     state, stub = picker
-    call = stub.Process()
-    await call.write(request_headers())
-    await call.read()
-    await call.write(request_body("goodbye"))
-    endpoint = chosen(await call.read())
+    call, endpoint = await routed(stub, "goodbye")
     await call.write(response_headers(endpoint))
     await call.read()
     assert booked(state) == 1
