@@ -8,13 +8,14 @@ HTTP server that answers a streamed chat completion at once; no model) behind ea
 what differs is only the tier. The fixtures answer with a kvgate replica's usage headers, so
 the picker reads usage from the response headers and asks Envoy for none of the body; a third
 run, `envoy_foreign`, puts Envoy and the picker before fixtures without them (as a vLLM replica
-answers), where the picker reads usage from the streamed body, one message per chunk. Streamed chat requests, open loop: at `--rate` the latency added
-over the fixture reached directly (p50, p99; direct and through the tier in `--rounds` turns)
-and the CPU seconds per request of the tier's processes (the gateway; Envoy + picker) from /proc; then a stepped rate search (x`--step`
-per step, `--step-s` seconds each, a failed step measured once more, `--search-budget-s` per
-tier) for the highest rate at which every request succeeds, completions keep up with arrivals,
-and p99 stays under the bound, refined by `--refine` bisections between the last rate sustained
-and the first that failed.
+answers), where the picker reads usage from the streamed body, one message per chunk.
+Streamed chat requests, open loop: at `--rate` the latency added over the fixture reached
+directly (p50, p99; direct and through the tier in `--rounds` turns) and the CPU seconds per
+request of the tier's processes (the gateway; Envoy + picker) from /proc; then a stepped rate
+search (x`--step` per step, `--step-s` seconds each, a failed step measured once more,
+`--search-budget-s` per tier) for the highest rate at which every request succeeds, completions
+keep up with arrivals, and p99 stays under the bound, refined by `--refine` bisections between
+the last rate sustained and the first that failed.
 
 Part 2, routing quality: `--replicas` real replicas of the default model (2 by default, for a
 shared 2-core machine; eager unless `--compiled`), started fresh for every run, serve_bench's
