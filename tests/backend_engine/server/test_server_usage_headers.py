@@ -34,13 +34,16 @@ def test_headers_say_what_the_body_usage_says(http):
             assert cached > 0
 
 
-def test_chat_with_several_choices_counts_each_prompt(http):
+def test_several_choices_count_their_prompt_once_and_several_prompts_each(http):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}],
-            "max_tokens": 2, "n": 1}
+            "max_tokens": 2, "n": 2}
     r = http.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200
-    usage = r.json()["usage"]
-    assert _header_usage(r.headers)[0] == usage["prompt_tokens"]
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    assert _header_usage(r.headers)[0] == r.json()["usage"]["prompt_tokens"]
+    body = {"model": MODEL, "prompt": ["one prompt", "and another one"], "max_tokens": 2}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    assert _header_usage(r.headers)[0] == r.json()["usage"]["prompt_tokens"]
 
 
 def test_an_error_carries_no_usage(http):
