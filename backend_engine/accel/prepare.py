@@ -40,7 +40,7 @@ def prepare(w: LinearWeight, device: torch.device | str, dtype: torch.dtype) -> 
 def prepare_lm_head(w: LinearWeight, method: str, group_size: int,
                     device: torch.device | str, dtype: torch.dtype) -> Any:
     """A quantised model's lm_head, prepared: `w8a8` int8 per channel with int8 activations
-    per row (CPU with oneDNN; elsewhere int8 weight-only), `int8` weight-only per channel, or
+    per row (CPU; elsewhere int8 weight-only), `int8` weight-only per channel, or
     `int4` in groups of `group_size`; an lm_head stored in that format already stays as stored."""
     if method == "int4":
         if not isinstance(w, Int4Weight):
@@ -48,7 +48,7 @@ def prepare_lm_head(w: LinearWeight, method: str, group_size: int,
                               "lm_head.weight")
         return prepare(w, device, dtype)
     w = to_int8(w)
-    if method == "w8a8" and torch.device(device).type == "cpu" and cpu.w8a8_available():
+    if method == "w8a8" and torch.device(device).type == "cpu":
         return cpu.prepare_w8a8(w)
     return prepare(w, device, dtype)
 

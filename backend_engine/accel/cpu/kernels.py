@@ -4,10 +4,12 @@ forms over them (accel/plan.py says which rows take which).
 - int8: `torch._weight_int8pack_mm(x, int8 [N, K], scales [N])` (per-channel, oneDNN/ATen
   vectorised), which needs x and the scales in one dtype.
 - w8a8 (the lm_head of a quantised model): int8 weights and int8 activations, each row
-  quantised on the fly by its own max |x| (symmetric, as uint8 around 128), multiplied in
-  integers by oneDNN (`onednn.qlinear_pointwise`) and rescaled per row and channel: what
-  llama.cpp does for its Q8_0 output tensor. The integer sums are exact, so a row's result does
-  not depend on its batch.
+  quantised on the fly by its own max |x| (symmetric, in [-127, 127]), multiplied in integers
+  and rescaled per row and channel: what llama.cpp does for its Q8_0 output tensor. The sums
+  come from oneDNN's VNNI kernel (`onednn.qlinear_pointwise`, the rows as uint8 around 128)
+  where the CPU has int8 dot products, else from `kvgate::int8_gemm` (native.py: our AVX2
+  kernel, or `torch._int_mm`). Integer sums are exact, so a row's result depends neither on its
+  batch nor on which of them ran.
 - int4: `aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)` over
   `aten._convert_weight_to_int4pack_for_cpu`'s blocked layout. Its dequantisation is
   w = (q - 8) * scale + zero, so our min becomes zero = min + 8 * scale; it packs N in tiles
@@ -21,11 +23,14 @@ preemption.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from backend_engine.accel.cpu import native
+from backend_engine.dtype import cpu_flags
 from backend_engine.quant.formats import Int4Weight, Int8Weight
 
 aten = torch.ops.aten
@@ -60,30 +65,28 @@ class CpuInt8Weight:
 @dataclass(slots=True, eq=False)
 class CpuW8A8Weight:
     kind: ClassVar[str] = "w8a8_cpu"
-    packed: torch.Tensor  # oneDNN's blocked layout of int8 [N, K] (an opaque mkldnn tensor)
-    scales: torch.Tensor  # fp32 [N], applied after the kernel (see _w8a8_mm)
-    unit_scales: torch.Tensor  # fp32 ones [N]: what the kernel is given
-    zero_points: torch.Tensor  # int32 zeros [N] (symmetric weights)
+    weight: torch.Tensor  # int8 [N, K], or oneDNN's blocked layout of it (an mkldnn tensor)
+    scales: torch.Tensor  # fp32 [N], applied after the integer sums (see w8a8_mm)
+    onednn: bool  # whether `weight` is oneDNN's (VNNI) or plain int8 for kvgate::int8_gemm
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.scales.shape[0], self.packed.shape[0]  # packed is stored [K, N]
+        n = self.scales.shape[0]
+        return n, (self.weight.shape[0] if self.onednn else self.weight.shape[1])
 
     @property
     def nbytes(self) -> int:
         n, k = self.shape
-        return n * k + self.scales.nbytes + self.unit_scales.nbytes + self.zero_points.nbytes
+        return n * k + self.scales.nbytes
 
     @property
     def device(self) -> torch.device:
         return self.scales.device
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Exact: the kernel's integer sums over the identity are the int8 weights."""
-        k = self.shape[1]
-        eye = torch.eye(k, dtype=torch.uint8) + _ACT_ZERO
-        q = _w8a8_sums(eye, self)
-        return (q.t() * self.scales[:, None]).to(dtype)
+        """Exact: the integer sums over the identity are the int8 weights."""
+        eye = torch.eye(self.shape[1], dtype=torch.int8)
+        return (_w8a8_sums(eye, self).t() * self.scales[:, None]).to(dtype)
 
 
 @dataclass(slots=True, eq=False, weakref_slot=True)
@@ -128,17 +131,21 @@ def prepare_int8(w: Int8Weight) -> CpuInt8Weight:
     return CpuInt8Weight(w.qweight.contiguous(), scales.to(KERNEL_DTYPE), scales)
 
 
-def w8a8_available() -> bool:
-    """oneDNN's quantised matmul is built into this torch (x86 and Arm builds with mkldnn)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack")
+def _has_int8_dot_products() -> bool:
+    """oneDNN's quantised matmul is built into this torch and the CPU has VNNI (the u8 x s8
+    pairs of oneDNN's kernel saturate without it; native.py)."""
+    flags = cpu_flags()
+    return ("avx512_vnni" in flags or "amx_int8" in flags) and (
+        torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack"))
 
 
 def prepare_w8a8(w: Int8Weight) -> CpuW8A8Weight:
-    n, k = w.shape
-    # laid out for one row (a decode step's lm_head); measured as fast as any layout at 16-64
-    packed = torch.ops.onednn.qlinear_prepack(w.qweight.contiguous(), [1, k])
-    return CpuW8A8Weight(packed, w.scales.float().contiguous(), torch.ones(n),
-                         torch.zeros(n, dtype=torch.int32))
+    scales = w.scales.float().contiguous()
+    if _has_int8_dot_products():
+        # laid out for one row (a decode step's lm_head); as fast as any layout at 16-64 rows
+        packed = torch.ops.onednn.qlinear_prepack(w.qweight.contiguous(), [1, w.shape[1]])
+        return CpuW8A8Weight(packed, scales, onednn=True)
+    return CpuW8A8Weight(w.qweight.contiguous(), scales, onednn=False)
 
 
 def prepare_int4(w: Int4Weight) -> CpuInt4Weight:
@@ -173,19 +180,32 @@ def int8_mm(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
 
 
 def _w8a8_sums(qx: torch.Tensor, w: CpuW8A8Weight) -> torch.Tensor:
-    """The integer sums (qx - 128) . q as fp32, from oneDNN with unit scales. They are exact in
-    int32 and their conversion is a function of the sum alone, so a row's result does not
-    depend on its batch; with the real scales in the kernel it did not hold on this machine's
-    AMX CPU (oneDNN's small-matrix kernel applied them in another order)."""
-    return torch.ops.onednn.qlinear_pointwise(qx, 1.0, _ACT_ZERO, w.packed, w.unit_scales,
-                                              w.zero_points, None, 1.0, 0, torch.float32,
-                                              "none", [], "")
+    """The integer sums qx . q (qx int8 [M, K] in [-127, 127]) as fp32. oneDNN is given unit
+    scales: its sums are exact in int32 and their conversion a function of the sum alone; with
+    the real scales in the kernel a row's result depended on its batch on an AMX CPU (oneDNN's
+    small-matrix kernel applied them in another order)."""
+    if not w.onednn:
+        return native.int8_gemm(qx, w.weight).float()
+    n = w.scales.shape[0]
+    return torch.ops.onednn.qlinear_pointwise(
+        (qx.to(torch.int16) + _ACT_ZERO).to(torch.uint8), 1.0, _ACT_ZERO, w.weight,
+        _unit_scales(n), _zero_points(n), None, 1.0, 0, torch.float32, "none", [], "")
+
+
+@functools.lru_cache(maxsize=8)
+def _unit_scales(n: int) -> torch.Tensor:
+    return torch.ones(n)
+
+
+@functools.lru_cache(maxsize=8)
+def _zero_points(n: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.int32)
 
 
 def w8a8_mm(x: torch.Tensor, w: CpuW8A8Weight) -> torch.Tensor:
     xf = x.float()
     row_max = xf.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)  # 127 / max stays finite
-    qx = (xf * (_ACT_MAX / row_max)).round_().add_(_ACT_ZERO).to(torch.uint8)
+    qx = (xf * (_ACT_MAX / row_max)).round_().to(torch.int8)
     y = _w8a8_sums(qx, w).mul_(w.scales)
     return y.mul_(row_max / _ACT_MAX).to(x.dtype)
 

@@ -75,7 +75,8 @@ def test_bad_overrides_are_refused_with_the_option_named(options, match):
         EngineConfig(engine_options=options).validate()
 
 
-def test_w8a8_is_refused_where_the_cpu_would_saturate_it():
-    with pytest.raises(PlanError, match="saturates"):
-        plan_for("cpu", {"device_class": "cpu", "lm_head": "w8a8"})
-    assert plan_for("cpu", {"device_class": "cpu-avx512", "lm_head": "w8a8"}).lm_head == "w8a8"
+def test_w8a8_is_every_cpu_class_lm_head_and_refused_on_a_gpu():
+    for cls in ("cpu", "cpu-avx512", "cpu-amx"):
+        assert plan_for("cpu", {"device_class": cls}).lm_head == "w8a8"
+    with pytest.raises(PlanError, match="lm_head=w8a8"):
+        plan_for("cuda", {"lm_head": "w8a8"})

@@ -4,7 +4,6 @@ checkpoint holds (compared with an fp checkpoint of those values), and bad ones 
 import pytest
 import torch
 
-from backend_engine.accel.plan import LM_HEAD, device_class
 from backend_engine.errors import ModelLoadError
 from backend_engine.llm import LLM
 from backend_engine.model_loader import load_state_dict
@@ -88,8 +87,7 @@ def test_a_flag_that_contradicts_the_checkpoint_names_both(tmp_path):
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-@pytest.mark.parametrize("lm_head", [f for f in ("w8a8", "int8", "int4")  # w8a8 needs VNNI
-                                     if f != "w8a8" or LM_HEAD[device_class("cpu")] == f])
+@pytest.mark.parametrize("lm_head", ["w8a8", "int8", "int4"])
 def test_a_quantised_lm_head_takes_the_asked_format(quantization, lm_head):
     llm = LLM("tiny-random", enforce_eager=True, quantization=quantization, num_kv_blocks=16,
               engine_options={"lm_head": lm_head})

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from backend_engine.accel import forms
 from backend_engine.accel.cpu import kernels as cpu
-from backend_engine.accel.plan import LM_HEAD, device_class
 from backend_engine.accel.prepare import prepare, quantize
 from backend_engine.errors import ModelLoadError
 from backend_engine.models.linear import REFERENCE, Linear
@@ -108,9 +107,6 @@ def test_every_cpu_form_matches_the_reference(name, make, rows, dtype):
         assert (out.float() - ref).abs().max() <= 2e-2 * scale, form
 
 
-@pytest.mark.skipif(not cpu.w8a8_available() or LM_HEAD[device_class("cpu")] != "w8a8",
-                    reason="no oneDNN, or no int8 dot products in hardware (the plan's lm_head "
-                           "is int8 there: without VNNI oneDNN's u8s8 kernel saturates)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_is_close_to_dequantize_then_matmul_and_a_row_ignores_its_batch(dtype):
     w = quantize_int8(_weight(40, 128))
