@@ -11,7 +11,8 @@ TORCH := torch==2.13.0
 setup: system-deps $(STAMP)
 
 # Debian packages: redis-server (shared routing state), chromium (the dashboard test drives it
-# headless through Playwright), g++ (torch.compile's CPU code: the compiled decode attention; the lm_head's AVX2 kernel).
+# headless through Playwright), g++ (torch.compile's CPU code: the compiled decode attention;
+# the lm_head's AVX2 kernel).
 # Installed when we can (root with apt), otherwise named so the user can install them.
 SYSTEM_PKGS := redis-server chromium g++
 system-deps:
