@@ -13,7 +13,7 @@ Formats: fp32 (the reference: the GGUF's Q4_1 weights dequantised), bf16, int8 a
 features rule out 128), and `gguf-int4`, the GGUF's own 4-bit tensors loaded as stored (by
 construction the reference's values, so its ratio measures only the kernels' bf16 activations
 and the lm_head). The lm_head is the plan's for this CPU (w8a8, int8 weights times int8
-activations per row, where the CPU has int8 dot products; else int8); `-lm8` rows take
+activations per row, on every CPU class); `-lm8` rows take
 `--engine-option lm_head=int8` (weight-only), `int4-lm4` takes `int4`. `transformers` is
 transformers' own implementation loading the same GGUF (`gguf_file=`, dequantised to fp32): the
 same values as fp32, computed by the other implementation, so its ratio says how far kvgate's

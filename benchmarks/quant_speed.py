@@ -17,7 +17,7 @@ Prompts are distinct ~110-token windows of the evaluation text (no prefix-cache 
 activation dtype). Both servers run their OpenMP workers with libgomp's default spin (each has
 the cores to itself; `--omp-spin-count` changes kvgate's). The quantised rows' lm_head is the
 plan's for this CPU (backend_engine/accel/plan.py: w8a8, int8 weights times int8 activations
-as llama.cpp computes its Q8_0 output, where the CPU has int8 dot products; else int8);
+as llama.cpp computes its Q8_0 output, on every CPU class);
 `int4-lm8` is int4 with `--engine-option lm_head=int8` (weight-only), `int4-lm4` with `int4`.
 Ends with one line of JSON with int4_c1_vs_llamacpp and int4_c16_vs_llamacpp (and the
 int4_lm8_ and int4_lm4_ ones).
