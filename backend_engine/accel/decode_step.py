@@ -268,10 +268,12 @@ class DecodeStep:
         return self._fn(hidden, cos, sin, self._layers, pools, self._final_norm, views,
                         *self._consts)
 
-    def warm_up(self, caches: tuple, hidden_size: int, cos_sin) -> bool:
-        """Compile now (start-up) for one row and for several. Writes K/V rows of zeros into
-        the first slots of the caches, which hold nothing yet. True if it works."""
-        dtype, device = self._final_norm.dtype, self._final_norm.device
+    def warm_up(self, caches: tuple, hidden_size: int, cos_sin, dtype: torch.dtype) -> bool:
+        """Compile now (start-up) for one row and for several, over hidden states of the
+        model's compute `dtype` (its norms may be kept in another: Gemma's in fp32). Writes K/V
+        rows of zeros into the first slots of the caches, which hold nothing yet. True if it
+        works."""
+        device = self._final_norm.device
         self._caches, self._pools = caches, StepStructure.pools(caches)
         with torch.inference_mode():
             for rows in (1, 3):  # inference tensors, as in the engine's steps

@@ -133,7 +133,7 @@ class PlannedForward:
             for frozen, cpp in candidates(m.device, templates):
                 step = DecodeStep(layers, *shape, self.linear, structure, templates=frozen,
                                   cpp_wrapper=cpp)
-                if step.warm_up(kv_caches, m.embed.shape[1], m.rotary.cos_sin):
+                if step.warm_up(kv_caches, m.embed.shape[1], m.rotary.cos_sin, m.dtype):
                     self.decode_step = step
                     break
             if self.decode_step is None:

@@ -271,7 +271,8 @@ def test_a_template_decode_step_holds_its_own_weights(template_llm):
         for templates in (True, False)}
     caches = template_llm.engine.runner.kv_caches
     for step in other.values():
-        assert step.warm_up(caches, model.embed.shape[1], model.rotary.cos_sin)
+        assert step.warm_up(caches, model.embed.shape[1], model.rotary.cos_sin,
+                              model.dtype)
     with torch.inference_mode():  # inference tensors, as the engine's steps (guarded)
         hidden = torch.randn(3, model.embed.shape[1], generator=gen)
         inputs = (*model.rotary.cos_sin(torch.tensor([3, 4, 5])), caches,

@@ -85,7 +85,7 @@ def test_the_step_writes_a_pool_shared_by_layers_in_place(gemma):
     with torch.inference_mode():
         k_cache[0, :3].fill_(1.0)
         ok, codes = run_and_get_code(step.warm_up, runner.kv_caches, model.embed.shape[1],
-                                     model.rotary.cos_sin)
+                                     model.rotary.cos_sin, model.dtype)
     assert ok and len(codes) == 2  # one row, several rows
     allocated = [math.prod(int(d) for d in shape.split(",") if d.strip())
                  for shape in re.findall(r"empty_strided_cpu\(\(([\d, ]*)\)", "\n".join(codes))]
@@ -93,3 +93,18 @@ def test_the_step_writes_a_pool_shared_by_layers_in_place(gemma):
     assert len(pools) == 1
     assert [(k.data_ptr(), v.data_ptr()) for k, v in runner.kv_caches] == pointers
     assert not k_cache[0, :3].any()  # the warm-up's rows of zeros, written by the graph
+
+
+def test_a_bf16_gemma3_compiles_its_decode_step_too():
+    """Gemma keeps its norms in fp32 while the model computes in bf16: the step is warmed up
+    over hidden states of the compute dtype (warmed up in the norms' fp32, it failed and the
+    replica decoded layer by layer)."""
+    llm = LLM(MODEL, **PRODUCTION, dtype="bfloat16")
+    forward = llm.engine.runner.forward_pass
+    assert forward.model.norm.dtype == torch.float32 and forward.model.dtype == torch.bfloat16
+    assert forward.decode_step is not None and "decode step" not in forward.describe()
+    compiled = [o.outputs[0] for o in llm.generate(PROMPTS, PARAMS)]
+    assert llm.engine.pool.reset_prefix_cache()
+    forward.decode_step = None
+    eager = [o.outputs[0] for o in llm.generate(PROMPTS, PARAMS)]
+    assert_answers_close(compiled, eager, 0.1)  # bf16: fused ops round apart (the plan's bound)
