@@ -9,7 +9,8 @@
  *
  * Blocking: a tile of up to 3 rows of A by 3 rows of B keeps its 9 accumulators in registers
  * over the whole of K; B's rows are split across threads in blocks of N_BLOCK, A's rows walked
- * in panels of M_PANEL that stay in cache. K's tail (K % 32) is summed in scalar code.
+ * in panels of M_PANEL that stay in cache, the next tiles' rows of B prefetched (at a few rows of A
+ * the kernel streams B from memory). K's tail (K % 32) is summed in scalar code.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -18,6 +19,7 @@
 #define NR 3
 #define M_PANEL 48
 #define N_BLOCK 48
+#define PREFETCH_ROWS 6  /* two tiles of B ahead: at one row of A the loads wait on memory */
 
 static inline int32_t hsum(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -36,6 +38,9 @@ static inline __attribute__((always_inline)) void tile(
         for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_si256();
     const int64_t k32 = k & ~(int64_t)31;
     for (int64_t p = 0; p < k32; p += 32) {
+        if (!(p & 63))  /* a cache line of each row PREFETCH_ROWS on (past B's end: ignored) */
+            for (int j = 0; j < nr; j++)
+                _mm_prefetch((const char *)(b + (j + PREFETCH_ROWS) * ldb + p), _MM_HINT_T0);
         __m256i bv[NR], ub[NR];
         for (int j = 0; j < nr; j++) {
             bv[j] = _mm256_loadu_si256((const __m256i *)(b + j * ldb + p));
