@@ -68,7 +68,8 @@ def trace_load(doc: dict) -> str:
     if quant == "int4" and gguf == "Q4_1":
         return sides + "; both 4-bit in 32-weight groups with a scale and a minimum"
     if as_stored:
-        return sides + "; the same file on both sides (kvgate: Q4_K as int4 groups of 32, Q6_K as int8)"
+        return sides + ("; the same file on both sides (kvgate: Q4_K as int4 groups of 32; Q5_0, "
+                        "Q6_K and Q8_0 as int8 per channel)")
     if quant:
         return sides + f"; the weights differ ({quant} vs {gguf})"
     return sides + f"; the weights differ (that {gguf} dequantised to {dtype} vs {gguf} as stored)"
