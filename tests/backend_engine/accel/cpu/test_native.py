@@ -56,16 +56,18 @@ def test_the_sums_do_not_depend_on_threads_or_strides():
     assert torch.equal(native.int8_gemm(wide[:, :300], b), one)  # a strided view is copied
 
 
-def test_w8a8_gives_the_same_bits_from_the_kernel_and_from_torchs_loop(monkeypatch):
+def test_w8a8_gives_the_same_bits_from_every_source_of_sums(monkeypatch):
+    """This kernel, torch._int_mm and (on a CPU with VNNI) oneDNN: one answer."""
     g = torch.Generator().manual_seed(2)
     w = quantize_int8(torch.randn(70, 160, generator=g))
-    prepared = kernels.prepare_w8a8(w)
+    plain = kernels.CpuW8A8Weight(w.qweight.contiguous(), w.scales.float().contiguous(),
+                                  onednn=False)
     x = torch.randn(19, 160, generator=g, dtype=torch.float32) * 3
-    if prepared.onednn:
-        pytest.skip("this CPU's w8a8 sums come from oneDNN's VNNI kernel")
-    fast = kernels.w8a8_mm(x, prepared)
+    here = kernels.w8a8_mm(x, plain)
+    prepared = kernels.prepare_w8a8(w)
+    assert torch.equal(kernels.w8a8_mm(x, prepared), here)  # oneDNN's where the CPU has VNNI
     monkeypatch.setattr(native, "library", lambda: None)  # torch._int_mm instead
-    assert torch.equal(kernels.w8a8_mm(x, prepared), fast)
+    assert torch.equal(kernels.w8a8_mm(x, plain), here)
 
 
 def test_a_failed_build_is_logged_and_the_sums_still_come(monkeypatch, tmp_path, caplog):
