@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 
 from backend_engine.accel.cpu import native
-from backend_engine.dtype import cpu_flags
+from backend_engine.accel.plan import device_class
 from backend_engine.quant.formats import Int4Weight, Int8Weight
 
 aten = torch.ops.aten
@@ -132,10 +132,9 @@ def prepare_int8(w: Int8Weight) -> CpuInt8Weight:
 
 
 def _has_int8_dot_products() -> bool:
-    """oneDNN's quantised matmul is built into this torch and the CPU has VNNI (the u8 x s8
-    pairs of oneDNN's kernel saturate without it; native.py)."""
-    flags = cpu_flags()
-    return ("avx512_vnni" in flags or "amx_int8" in flags) and (
+    """oneDNN's quantised matmul is built into this torch and the CPU's class has VNNI (the
+    u8 x s8 pairs of oneDNN's kernel saturate without it; native.py)."""
+    return device_class("cpu") in ("cpu-amx", "cpu-avx512") and (
         torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack"))
 
 

@@ -4,12 +4,11 @@ On x86 with AVX2 the sums come from a kernel of our own (csrc/int8_gemm_avx2.c),
 system's C compiler on first use into `~/.cache/kvgate/kernels` (`KVGATE_KERNEL_DIR`), keyed by
 the source's and the compiler's hash, and called through ctypes (the GIL released). It exists
 because torch's int8 GEMMs either saturate or crawl on a CPU without VNNI: oneDNN's and
-FBGEMM's u8 x s8 kernels sum pairs of products in 16 bits, which overflow for 8-bit activations
-(11 % relative error measured on the lm_head), and `torch._int_mm` runs a reference loop (70 ms
-for a 262,144 x 640 lm_head at one row, 1 s at sixteen). Elsewhere (another architecture, no
-compiler) the sums come from `torch._int_mm`. Integer sums are exact, so either gives the same
-bits, and so does oneDNN's VNNI kernel on the classes that have it (kernels.py): a `w8a8`
-lm_head answers alike on every CPU.
+FBGEMM's u8 x s8 kernels sum pairs of products in 16 bits, which overflow for 8-bit
+activations, and `torch._int_mm` runs a reference loop, many times slower. Elsewhere (another
+architecture, no compiler) the sums come from `torch._int_mm`. Integer sums are exact, so either
+gives the same bits, and so does oneDNN's VNNI kernel on the classes that have it (kernels.py):
+a `w8a8` lm_head answers alike on every CPU.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ log = logging.getLogger("kvgate.engine")
 
 SOURCE = Path(__file__).parent / "csrc" / "int8_gemm_avx2.c"
 CFLAGS = ("-O3", "-mavx2", "-fopenmp", "-shared", "-fPIC")
-ACT_MAX = 127  # the activations' values lie in [-ACT_MAX, ACT_MAX]: no pair can saturate
 
 
 def kernel_dir() -> Path:
@@ -84,11 +82,6 @@ def library() -> ctypes.CDLL | None:
     lib.kvgate_int8_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6 + [ctypes.c_int]
     lib.kvgate_int8_gemm.restype = None
     return lib
-
-
-def backend() -> str:
-    """Which code gives the sums here: "avx2" or "int_mm"."""
-    return "avx2" if library() is not None else "int_mm"
 
 
 @torch.library.custom_op("kvgate::int8_gemm", mutates_args=())

@@ -81,7 +81,6 @@ def test_a_failed_build_is_logged_and_the_sums_still_come(monkeypatch, tmp_path,
     try:
         with caplog.at_level(logging.WARNING, logger="kvgate.engine"):
             assert native.library() is None
-        assert native.backend() == "int_mm"
         assert "did not build" in caplog.text
         assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-written kept
         a = torch.tensor([[1, -2, 3]], dtype=torch.int8)
