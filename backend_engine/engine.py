@@ -124,11 +124,11 @@ class LLMEngine:
         from backend_engine.step_calibration import calibrated_model
 
         # a tensor-parallel executor is fitted from its first steps alone
-        model = (calibrated_model(self.runner, self.max_model_len)
-                 if isinstance(self.runner, ModelRunner)
-                 else StepCostModel())
+        local = isinstance(self.runner, ModelRunner)
+        model = calibrated_model(self.runner, self.max_model_len) if local else StepCostModel()
         return StepBudget(model, config.target_itl_ms / 1000, config.min_prefill_tokens,
-                          config.max_num_batched_tokens)
+                          config.max_num_batched_tokens,
+                          self.runner.forward_pass.prompt_row_granule if local else 1)
 
     def _max_model_len(self, config: EngineConfig) -> int:
         limit = context_limit(self.hf_config)
@@ -366,13 +366,14 @@ class LLMEngine:
         self.stats.observe("step", seconds)
         if self.budget is not None:
             self.budget.model.observe(shape, seconds)
-        self.drain.observe(retired, seconds, bool(self.scheduler.waiting))
+        self.drain.observe(retired, seconds, bool(self.scheduler.waiting), self._estimated_drain)
 
     def drain_rate(self) -> float:
         """Prompt tokens per second the queue is retired at: measured while requests wait,
         else the step budget's estimate under the current decodes (inf without a budget)."""
-        if self.drain.rate is not None:
-            return self.drain.rate
+        return self.drain.rate if self.drain.rate is not None else self._estimated_drain()
+
+    def _estimated_drain(self) -> float:
         if self.budget is not None:
             return self.budget.prefill_rate(self.scheduler.decode_load())
         return float("inf")

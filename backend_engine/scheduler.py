@@ -273,6 +273,8 @@ class _PrefillTime:
             return n
         allowed = self.budget.chunk_tokens(self.seconds, cached_context)
         allowed = max(allowed, self.floor - self.tokens)
+        if allowed > 0:  # the padding rows of the step's last granule are computed anyway
+            allowed = self.budget.whole_granules(self.tokens + allowed) - self.tokens
         return max(0, min(n, allowed))
 
     def charge(self, seq: Sequence, n: int) -> None:

@@ -7,12 +7,14 @@ context). A new sequence is admitted only while the decode step it joins stays i
 so a burst raises the queue, not everyone's ITL; at least `min_prefill_tokens` of prefill per step
 keeps new requests moving when decodes alone fill the target (Sarathi-Serve's stall-free
 batching, with the budget derived from a latency target instead of fixed); more where a step
-with prefill pays a large fixed cost, so that cost is amortised (`StepBudget.floor_tokens`).
-The scheduler asks this module; it never touches tensors."""
+with prefill pays a large fixed cost, so that cost is amortised (`StepBudget.floor_tokens`); and a step's prefill is rounded up to
+the rows the forward pass computes at once (`granule`: a 32-token chunk in 64-row GEMM tiles costs
+what 64 tokens do). The scheduler asks this module; it never touches tensors."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend_engine.step_cost import StepCostModel, StepShape
@@ -35,11 +37,15 @@ class DecodeLoad:
 
 class StepBudget:
     def __init__(self, model: StepCostModel, target_itl_s: float, min_prefill_tokens: int,
-                 max_prefill_tokens: int):
+                 max_prefill_tokens: int, granule: int = 1):
+        """granule: prompt rows the forward pass computes at once (the CPU `tiles` form pads a
+        step's prompt rows to a multiple of its 64-row tile: accel/cpu/tiles.py); a step's
+        prefill is rounded up to a multiple of it, since the padding rows cost the same."""
         self.model = model
         self.target_itl_s = target_itl_s
         self.min_prefill_tokens = min_prefill_tokens
         self.max_prefill_tokens = max_prefill_tokens
+        self.granule = max(1, granule)
 
     def prefill_seconds(self, load: DecodeLoad) -> float:
         """Time left in the step for prefill chunks once the running decodes and the step's
@@ -56,7 +62,12 @@ class StepBudget:
         for a sliver of tokens — at least half of a floor step's prefill time moves prompts."""
         per_token = self.model.per_prefill_token_s
         amortised = math.ceil(self.model.prefill_pass_s / per_token) if per_token > 0 else 0
-        return min(self.max_prefill_tokens, max(self.min_prefill_tokens, amortised))
+        return self.whole_granules(max(self.min_prefill_tokens, amortised))
+
+    def whole_granules(self, tokens: int) -> int:
+        """A step's prefill tokens rounded up to whole granules (at most max_prefill_tokens)."""
+        g = self.granule
+        return min(self.max_prefill_tokens, -(-tokens // g) * g)
 
     def chunk_tokens(self, seconds: float, cached_context: int) -> int:
         """The longest chunk (after cached_context tokens) that fits in `seconds`:
@@ -103,18 +114,31 @@ def prompt_work(scheduled: list) -> int:
 
 class QueueDrain:
     """Prompt tokens per second the engine actually retires while requests wait, computed or
-    found cached (an exponentially weighted rate over busy steps)."""
+    found cached (an exponentially weighted rate over busy steps).
+
+    A queue's rate is measured only while it lasts: a step after which nothing waits forgets
+    it, and the next queue starts from the step budget's estimate (`prior`). Kept across an
+    empty queue, a rate measured while the running batch was full (the waiting request
+    admitted by no step: ~0 tokens/s) made the replica refuse every request but when idle,
+    and, with nothing waiting, no step ever measured it again."""
 
     def __init__(self, half_life_s: float = 5.0):
         self.half_life_s = half_life_s
-        self.rate: float | None = None  # tokens/s, None until a busy step was seen
+        self.rate: float | None = None  # tokens/s, None while no queue is being measured
 
-    def observe(self, prefill_tokens: int, seconds: float, queue_waiting: bool) -> None:
-        if not queue_waiting or seconds <= 0:
+    def observe(self, prefill_tokens: int, seconds: float, queue_waiting: bool,
+                prior: Callable[[], float | None] = lambda: None) -> None:
+        """One busy step; `prior()`: the rate a new queue starts from (None or inf: the first
+        step's own)."""
+        if seconds <= 0:
+            return
+        if not queue_waiting:
+            self.rate = None
             return
         sample = prefill_tokens / seconds
-        if self.rate is None:
+        start = self.rate if self.rate is not None else prior()
+        if start is None or not math.isfinite(start):
             self.rate = sample
             return
         keep = 0.5 ** (seconds / self.half_life_s)
-        self.rate = keep * self.rate + (1 - keep) * sample
+        self.rate = keep * start + (1 - keep) * sample

@@ -142,6 +142,16 @@ class PlannedForward:
                 self.notes.append("decode templates unavailable here: kernel")
         log.info("compiled in %.1f s", time.perf_counter() - started)
 
+    @property
+    def prompt_row_granule(self) -> int:
+        """Prompt rows computed at once: `tiles` pads a step's prompt rows to whole tiles (the
+        scheduler fills them); 1 where no prompt rows take tiles."""
+        if any(self.plan.prompt[f] == "tiles" for f in self.formats):
+            from backend_engine.accel.cpu.tiles import TILE_ROWS
+
+            return TILE_ROWS
+        return 1
+
     def describe(self) -> str:
         """The plan's one start-up line, with what could not run here."""
         notes = f" ({'; '.join(self.notes)})" if self.notes else ""

@@ -8,18 +8,20 @@ import pytest
 
 from backend_engine.async_engine import AsyncLLMEngine
 from backend_engine.config import EngineConfig
+from backend_engine.engine import LLMEngine
 from backend_engine.errors import EngineOverloadedError
 from backend_engine.sampling_params import SamplingParams
 from backend_engine.server.settings import ServerSettings
+from backend_engine.step_budget import QueueDrain
 from tests.backend_engine.helpers import assert_no_leaks
 from tests.backend_engine.server.harness import start_server
 
 LONG = SamplingParams(temperature=0, max_tokens=1900, ignore_eos=True)  # busy for seconds
 
 
-def _config(**kw) -> EngineConfig:
+def _config(target_itl_ms: float = 50, **kw) -> EngineConfig:
     return EngineConfig(enforce_eager=True, model="tiny-random", num_kv_blocks=256, max_model_len=2048,
-                        target_itl_ms=50, **kw)
+                        target_itl_ms=target_itl_ms, **kw)
 
 
 async def _first_output(engine, rid, tokens, params):
@@ -117,3 +119,31 @@ def test_the_http_edge_answers_503_with_retry_after_and_serves_again_after():
             assert r.status_code == 200
     finally:
         server.stop()
+
+
+def test_a_full_batch_s_queue_rate_does_not_outlive_the_queue():
+    """A request that waits while the running batch is full retires nothing, so the measured
+    drain rate falls toward 0 (the replica rightly refuses meanwhile); once that request runs
+    and nothing waits, the rate is the step budget's estimate again, so the replica admits work
+    while it still runs something (it had taken requests only when idle)."""
+    engine = LLMEngine(_config(target_itl_ms=0.001, max_queue_delay_s=10.0))
+    engine.drain = QueueDrain(half_life_s=0.01)  # a tiny model's steps take milliseconds
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine.add_request("first", list(range(100, 140)), params)
+    engine.add_request("second", list(range(200, 240)), params)
+    collapsed = None
+    while "first" in engine.requests:
+        engine.step()
+        if engine.scheduler.waiting:  # the second waits: the batch is full at one row
+            collapsed = engine.drain_rate()
+    assert collapsed is not None and collapsed < 0.5 * engine.budget.prefill_rate(
+        engine.scheduler.decode_load())
+    while engine.scheduler.waiting:
+        engine.step()
+    engine.step()  # a step with nothing waiting
+    assert not engine.scheduler.waiting
+    assert engine.drain_rate() == pytest.approx(
+        engine.budget.prefill_rate(engine.scheduler.decode_load()))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_no_leaks(engine)

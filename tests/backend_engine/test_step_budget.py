@@ -74,7 +74,9 @@ def test_the_fixed_prefill_cost_is_paid_once_a_step_not_per_token():
 
 
 def _run(budget: StepBudget | None, prompts: list[int], max_tokens: int, max_steps: int = 5000,
-         costs: tuple = TRUE):
+         costs: tuple = TRUE, tile_rows: int = 1):
+    """Simulated steps; tile_rows: the machine computes a step's prompt rows in tiles of this
+    many rows (a partial tile costs a whole one)."""
     config = EngineConfig(enforce_eager=True, model="tiny-random", max_num_seqs=256, max_num_batched_tokens=2048)
     pool = BlockPool(4096, enable_caching=False)
     scheduler = Scheduler(config, KVCacheManager(pool, 16), budget)
@@ -96,7 +98,8 @@ def _run(budget: StepBudget | None, prompts: list[int], max_tokens: int, max_ste
                 rows += 1
                 context += seq.num_tokens
         shape = StepShape(prefill, rows, context, pairs)
-        seconds = true_seconds(shape, costs)
+        padded = StepShape(-(-prefill // tile_rows) * tile_rows, rows, context, pairs)
+        seconds = true_seconds(padded, costs)
         if budget is not None:
             budget.model.observe(shape, seconds)
         steps.append((shape, seconds))
@@ -169,6 +172,27 @@ def test_the_prefill_floor_amortises_a_large_fixed_prefill_cost():
     assert runs["amortised"] < 0.9 * runs["min"]  # measured 0.80
 
 
+def test_a_step_s_prefill_fills_whole_tiles():
+    """Where prompt rows are computed in 64-row tiles, a floor step's 32 tokens cost what 64 do:
+    with the granule, every step's prefill is whole tiles (but a prompt's last chunk), and a
+    burst under decode load finishes sooner."""
+    budget = StepBudget(_calibrated(TRUE), 0.25, 32, 4096, granule=64)
+    assert budget.floor_tokens == 64
+    assert [budget.whole_granules(n) for n in (1, 64, 65)] == [64, 64, 128]
+    assert StepBudget(_calibrated(TRUE), 0.25, 32, 100, granule=64).whole_granules(90) == 100
+    rng = random.Random(3)
+    prompts = [rng.randrange(200, 2000) for _ in range(60)]
+    runs = {}
+    for granule in (1, 64):
+        budget = StepBudget(_calibrated(TRUE), 0.25, 32, 2048, granule=granule)
+        steps = _run(budget, prompts, max_tokens=64, tile_rows=64)
+        runs[granule] = sum(t for _, t in steps)
+        if granule == 64:
+            partial = [s for s, _ in steps if s.prefill_tokens % 64]
+            assert len(partial) <= len(prompts)  # only where a prompt ends inside a tile
+    assert runs[64] < 0.9 * runs[1]  # measured 0.68
+
+
 def test_queue_drain_rate_follows_busy_steps_only():
     drain = QueueDrain(half_life_s=1.0)
     drain.observe(500, 1.0, queue_waiting=False)
@@ -178,3 +202,20 @@ def test_queue_drain_rate_follows_busy_steps_only():
     for _ in range(20):
         drain.observe(0, 0.5, queue_waiting=True)  # nothing prefilled while requests wait
     assert drain.rate < 1
+
+
+def test_a_queue_rate_is_forgotten_when_the_queue_empties():
+    """A rate measured while the batch was full (~0: the waiting request admitted by no step)
+    must not outlive its queue: kept, it refused every request but on an idle replica."""
+    drain = QueueDrain(half_life_s=1.0)
+    for _ in range(20):
+        drain.observe(0, 0.5, queue_waiting=True)
+    assert drain.rate < 1
+    drain.observe(0, 0.2, queue_waiting=False)  # the last waiting request was admitted
+    assert drain.rate is None
+    # the next queue starts from the prior (the step budget's estimate), not its first step
+    drain.observe(0, 0.1, queue_waiting=True, prior=lambda: 150.0)
+    assert drain.rate == pytest.approx(150.0 * 0.5 ** 0.1)
+    drain.observe(50, 0.5, queue_waiting=False)
+    drain.observe(40, 0.5, queue_waiting=True, prior=lambda: float("inf"))  # no budget
+    assert drain.rate == pytest.approx(80)

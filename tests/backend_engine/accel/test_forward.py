@@ -9,6 +9,7 @@ import torch
 
 from backend_engine.accel import compiled_layers as cl
 from backend_engine.accel import decode_step
+from backend_engine.accel.cpu.tiles import TILE_ROWS
 from backend_engine.accel.plan import plan_for
 from backend_engine.llm import LLM
 from backend_engine.sampling_params import SamplingParams
@@ -64,6 +65,9 @@ def test_the_tiny_models_take_the_production_plan(production):
     assert forward.decode_step is not None and forward.decode_step.cpp_wrapper
     assert all(layers is not None for layers in forward.layers.values())
     assert forward.describe().startswith(f"plan for {expected.device_class}:")
+    # where prompt rows take 64-row tiles, the step budget fills whole tiles with prefill
+    tiles = expected.prompt[production.engine.config.quantization or "fp"] == "tiles"
+    assert forward.prompt_row_granule == (TILE_ROWS if tiles else 1)
 
 
 def test_compiled_layers_and_the_decode_step_give_the_eager_logits(production, monkeypatch):
