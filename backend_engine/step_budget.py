@@ -7,9 +7,10 @@ context). A new sequence is admitted only while the decode step it joins stays i
 so a burst raises the queue, not everyone's ITL; at least `min_prefill_tokens` of prefill per step
 keeps new requests moving when decodes alone fill the target (Sarathi-Serve's stall-free
 batching, with the budget derived from a latency target instead of fixed); more where a step
-with prefill pays a large fixed cost, so that cost is amortised (`StepBudget.floor_tokens`); and a step's prefill is rounded up to
-the rows the forward pass computes at once (`granule`: a 32-token chunk in 64-row GEMM tiles costs
-what 64 tokens do). The scheduler asks this module; it never touches tensors."""
+with prefill pays a large fixed cost, so that cost is amortised (`StepBudget.floor_tokens`); and
+a step's prefill is rounded up to the rows the forward pass computes at once (`granule`: a
+32-token chunk in 64-row GEMM tiles costs what 64 tokens do). The scheduler asks this module; it
+never touches tensors."""
 
 from __future__ import annotations
 
