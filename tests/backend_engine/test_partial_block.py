@@ -95,15 +95,22 @@ def test_under_memory_pressure_answers_and_blocks_are_kept():
     assert small.engine.stats.prefix_cache_hits > 0
 
 
-def test_a_prompt_found_cached_but_its_last_token_counts_as_drained_work(llm):
+def test_a_prompt_found_cached_but_its_last_token_counts_as_drained_work(llm, monkeypatch):
     """The queue's drain rate (what admission divides waiting work by) counts prompt tokens a
     step retires, cached ones included: a fully cached prompt is not a stalled queue."""
     engine = llm.engine
     engine.pool.reset_prefix_cache()
     _run(llm, BASE + [900, 901])
-    engine.drain.rate = None
+    observe, retired = engine.drain.observe, []
+
+    def record(tokens, seconds, queue_waiting, *args):
+        if queue_waiting:
+            retired.append(tokens)
+        observe(tokens, seconds, queue_waiting, *args)
+
+    monkeypatch.setattr(engine.drain, "observe", record)
     params = SamplingParams(temperature=0.8, max_tokens=4, n=3, seed=1)
     out = llm.generate([BASE[:44]], params)[0]  # 3 forks wait while their parent finishes
     assert out.num_cached_tokens == 43 and len(out.outputs) == 3
-    assert engine.drain.rate is not None and engine.drain.rate > 0
+    assert retired and max(retired) > 0  # measured while the forks waited
     assert_no_leaks(engine)
