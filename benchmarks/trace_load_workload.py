@@ -52,13 +52,34 @@ def read_rows(path: Path, rows: int) -> list[dict]:
     return out
 
 
+def conversation_rows(path: Path, rows: int) -> list[dict]:
+    """Whole conversations, in the order they open, until `rows` turns (the last one cut short);
+    the turns in trace order. A row continues the conversation whose first two blocks it shares
+    (every row of the conversation trace shares its first block, a common system prompt); its
+    next turn arrives a median of about 100 s later, so the trace's first rows, read in order,
+    share nothing more than that first block."""
+    everything = read_rows(path, 1 << 30)
+    turns: dict[tuple, list[int]] = {}
+    for i, row in enumerate(everything):
+        key = tuple(row["hash_ids"][:2]) if len(row["hash_ids"]) > 1 else ("alone", i)
+        turns.setdefault(key, []).append(i)
+    chosen: list[int] = []
+    for conversation in sorted(turns.values(), key=lambda c: c[0]):
+        chosen += conversation[: rows - len(chosen)]
+        if len(chosen) >= rows:
+            break
+    return [everything[i] for i in sorted(chosen)]
+
+
 def trace_jobs(path: Path, rows: int, speedup: float, words: list[str], seed: int = 0,
-               max_output_tokens: int = 128, max_input_tokens: int | None = None) -> list[Job]:
+               max_output_tokens: int = 128, max_input_tokens: int | None = None,
+               conversations: bool = False) -> list[Job]:
     """One single-request job per row, arriving at timestamp / speedup (seconds); prompts cut
-    to `max_input_tokens` keep their shared leading blocks."""
+    to `max_input_tokens` keep their shared leading blocks. The rows are the trace's first
+    `rows`, or with `conversations` its first whole conversations (`conversation_rows`)."""
     blocks: dict[int, list[str]] = {}
     jobs = []
-    for row in read_rows(path, rows):
+    for row in (conversation_rows if conversations else read_rows)(path, rows):
         text: list[str] = []
         for h in row["hash_ids"]:
             if h not in blocks:

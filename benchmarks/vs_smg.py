@@ -7,17 +7,19 @@ set up as a newcomer sets them up: fresh replicas (`kvgate up --gateways 0`), th
   smg          `smg launch --worker-urls URL ... --policy cache_aware`
 
 each replaying the same prefix-sharing workloads, one after the other (benchmarks/
-vs_smg_workloads.py: the public Mooncake conversation trace by its hash ids, and a business
+vs_smg_workloads.py: whole conversations of the public Mooncake trace by their hash ids, and a business
 workload of shared system prompts and documents) as streaming chat, on fresh replicas for each
 gateway (the workloads share no prefix with each other).
 
     python -m benchmarks.vs_smg          # 2 replicas, 40 rows per workload: ~10 min on 2 idle cores
-    python -m benchmarks.vs_smg --replicas 4 --rows 120 --max-input-tokens 4096 --compile   # bigger
+    python -m benchmarks.vs_smg --replicas 4 --rows 120 --compile --window-s 600   # bigger
 
 Per run: finished requests, cached-token ratio (the replicas' own prefix-cache counters), TTFT
-p50/p99 and output tokens/s; a table, then one JSON line whose `ttft_p50_vs_smg`,
-`ttft_p99_vs_smg` (kvgate / smg, lower is better) and `cached_ratio_minus_smg` are the worst
-over the workloads."""
+p50/p99 and output tokens/s; per workload its cached-token ceiling (one LRU cache as large as
+all pools, fed the same prompts: what the best routing could reach); a table, then one JSON line
+whose `ttft_p50_vs_smg`, `ttft_p99_vs_smg` (kvgate / smg, lower is better) and
+`cached_ratio_minus_smg` are the worst over the workloads. A kvgate turn's routing decisions
+are kept beside the replicas' logs."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -36,10 +39,12 @@ import httpx
 from benchmarks import results_file
 from benchmarks.serve_bench_cluster import Cluster, ClusterSpec, _free_base_port, bench_config
 from benchmarks.serve_bench_stats import delta, replica_counters
+from benchmarks.sim_replica import SimRequest, pooled_upper_bound
 from benchmarks.trace_load import replay
 from benchmarks.trace_load_report import SLO, ServerFigures, figures
 from benchmarks.trace_load_workload import single_token_words
 from benchmarks.vs_smg_workloads import WORKLOADS, build
+from routing.hashing import block_hashes
 
 GATEWAYS = ("kvgate", "round_robin", "smg")
 ADMIN_KEY = "vs-smg-admin"
@@ -50,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: mooncake, business")
     p.add_argument("--gateways", default=",".join(GATEWAYS), help="comma-separated: kvgate, round_robin, smg")
-    p.add_argument("--rows", type=int, default=40, help="requests per workload")
+    p.add_argument("--rows", type=int, default=40,
+                   help="requests per workload (Mooncake: its first whole conversations)")
     p.add_argument("--max-input-tokens", type=int, default=384,
                    help="Mooncake prompts cut to this many tokens (their shared leading blocks stay)")
     p.add_argument("--replicas", type=int, default=2, help="kvgate replicas of the default model")
@@ -64,9 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="replicas run their compiled plan (kvgate up's default; minutes to start on "
                         "a loaded 2-core box), instead of eager torch")
     p.add_argument("--output-tokens", type=int, default=8, help="at most, per request")
-    p.add_argument("--speedup", type=float, default=0.5, help="Mooncake arrivals this many times faster")
+    p.add_argument("--speedup", type=float, default=6.0,
+                   help="Mooncake arrivals this many times faster (40 rows span 642 s of the trace)")
     p.add_argument("--rate", type=float, default=1.0, help="business requests per second (Poisson)")
-    p.add_argument("--window-s", type=float, default=120.0,
+    p.add_argument("--window-s", type=float, default=150.0,
                    help="per workload run; unfinished requests are cut off")
     p.add_argument("--out", default=str(Path(results_file.RESULTS) / "vs_smg.json"))
     return p.parse_args(argv)
@@ -107,6 +114,15 @@ def tokenizer_modes(url: str, gateway: str) -> list[str] | None:
     rows = httpx.get(url + "/admin/api/replicas", timeout=5,
                      headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["data"]
     return sorted({r["tokenizer"] for r in rows})
+
+
+def routing_decisions(url: str, gateway: str, since: float) -> list[dict] | None:
+    """A kvgate gateway's routing decisions since `since` (its admin API), oldest first."""
+    if gateway == "smg":
+        return None
+    rows = httpx.get(url + "/admin/api/decisions", params={"limit": 1000}, timeout=5,
+                     headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["data"]
+    return [d for d in reversed(rows) if d["ts"] >= since]
 
 
 async def tokenize_calls(replicas: list[str]) -> int:
@@ -152,15 +168,20 @@ def one_turn(args, gateway: str, workloads: dict[str, list], say) -> dict[str, t
             for workload, jobs in workloads.items():
                 before = asyncio.run(replica_counters(replicas))
                 calls_before = asyncio.run(tokenize_calls(replicas))
+                since = time.time()
                 results = asyncio.run(replay(url + "/v1", None, jobs, args.window_s))
                 counters = delta(asyncio.run(replica_counters(replicas)), before)
                 row = figures(gateway, results, args.window_s, SLO())
                 prompt = sum(c.prompt_tokens for c in counters)
                 row.cached_ratio = (round(sum(c.cached_tokens for c in counters) / prompt, 4)
                                     if prompt else None)
-                out[workload] = (row, {
-                    "tokenize_calls": asyncio.run(tokenize_calls(replicas)) - calls_before,
-                    "tokenizer": tokenizer_modes(url, gateway), "log": str(log)})
+                extra = {"tokenize_calls": asyncio.run(tokenize_calls(replicas)) - calls_before,
+                         "tokenizer": tokenizer_modes(url, gateway), "log": str(log)}
+                if (decided := routing_decisions(url, gateway, since)) is not None:
+                    extra["reasons"] = dict(Counter(d["reason"] for d in decided))
+                    extra["decisions"] = str(log.with_name(f"decisions-{workload}-{gateway}.json"))
+                    Path(extra["decisions"]).write_text(json.dumps(decided))
+                out[workload] = (row, extra)
         finally:
             front.terminate()
             try:
@@ -168,6 +189,21 @@ def one_turn(args, gateway: str, workloads: dict[str, list], say) -> dict[str, t
             except subprocess.TimeoutExpired:
                 front.kill()
     return out
+
+
+def cached_ceiling(jobs: list, tokenizer, capacity_blocks: int, block_size: int = 16) -> float:
+    """The cached-token ratio of one LRU cache as large as all replicas' pools together, fed the
+    workload's chat prompts in arrival order: what the best routing could reach."""
+    requests = []
+    for job in jobs:
+        for stage in job.stages:
+            for spec in stage:
+                ids = tokenizer.apply_chat_template([{"role": "user", "content": spec.prompt}],
+                                                    add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding
+                requests.append(SimRequest(job.arrival, block_hashes(ids, "ceiling", block_size),
+                                           len(ids), spec.max_tokens))
+    return round(pooled_upper_bound(requests, capacity_blocks, block_size), 4)
 
 
 def compare(rows: dict[str, ServerFigures]) -> dict:
@@ -191,8 +227,8 @@ def worst(per_workload: dict[str, dict]) -> dict:
     return out
 
 
-def table(workload: str, rows: list[ServerFigures]) -> str:
-    lines = [f"{workload}:", "| gateway | finished | cached-token ratio | TTFT p50 / p99 (s) | out tok/s |",
+def table(workload: str, rows: list[ServerFigures], ceiling: float) -> str:
+    lines = [f"{workload} (cached-token ceiling {ceiling}: one cache the size of all pools):", "| gateway | finished | cached-token ratio | TTFT p50 / p99 (s) | out tok/s |",
              "|---|---|---|---|---|"]
     lines += [f"| {r.server} | {r.finished}/{r.requests} | {r.cached_ratio} | {r.ttft_p50_s} / "
               f"{r.ttft_p99_s} | {r.out_tok_s} |" for r in rows]
@@ -212,11 +248,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from backend_engine.model_loader import resolve_model
 
-    words = single_token_words(AutoTokenizer.from_pretrained(resolve_model("default").folder))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("default").folder)
+    words = single_token_words(tokenizer)
     jobs = {w: build(w, args.rows, words, args.output_tokens, args.speedup, args.rate,
                      args.max_input_tokens) for w in workloads}
+    ceiling = {w: cached_ceiling(js, tokenizer, args.replicas * args.num_kv_blocks)
+               for w, js in jobs.items()}
     for w, js in jobs.items():
-        say(f"{w}: {len(js)} requests over {js[-1].arrival:.0f} s")
+        say(f"{w}: {len(js)} requests over {js[-1].arrival:.0f} s, cached-token ceiling {ceiling[w]}")
     rows: dict[str, dict[str, ServerFigures]] = {}
     extras: dict[str, dict] = {}
     started = time.monotonic()
@@ -233,13 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     finished = {g: sum(r[g].finished for r in rows.values() if g in r) for g in gateways}
     summary = {**worst(per_workload), "requests": sum(len(j) for j in jobs.values()),
                **{f"{g}_finished": n for g, n in finished.items()},
-               "per_workload": per_workload, "elapsed_s": round(time.monotonic() - started)}
+               "per_workload": per_workload, "cached_ceiling": ceiling,
+               "elapsed_s": round(time.monotonic() - started)}
     results_file.write("vs_smg", summary,
                        {"args": vars(args), "runs": {w: {g: f.to_dict() for g, f in r.items()}
                                                      for w, r in rows.items()}, "fronts": extras},
                        argv=argv, path=Path(args.out))
     for workload, by_gateway in rows.items():
-        print(table(workload, list(by_gateway.values())))
+        print(table(workload, list(by_gateway.values()), ceiling[workload]))
     print(json.dumps(summary))
     return 0
 

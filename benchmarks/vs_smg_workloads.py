@@ -2,11 +2,14 @@
 model gateway, whose cache-aware policy matches request text, and kvgate's, which matches token
 blocks, see the same thing):
 
-- `mooncake`: rows of the public Mooncake conversation trace, each hash id a block of 16
-  single-token words (benchmarks/trace_load_workload.py), arriving at the trace's times;
+- `mooncake`: whole conversations of the public Mooncake conversation trace, in the order they
+  open, every turn at the trace's time (benchmarks/trace_load_workload.py: each hash id a block
+  of 16 single-token words, so a later turn repeats its conversation's earlier prompt);
 - `business`: a few applications, each with its system prompt and a handful of documents
   (contracts, manuals, tickets); each request is one application's system prompt, one of its
-  documents and a short question, with Zipf-skewed popularity and Poisson arrivals."""
+  documents and a short question, with Zipf-skewed popularity and Poisson arrivals. The
+  documents a run touches take more KV blocks than one replica holds (384 blocks of 16) and fewer
+  than two do, so the replica a request goes to decides whether its document is still cached."""
 
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ def _text(rng: random.Random, words: list[str], n: int) -> str:
 
 
 def business_jobs(rows: int, rate: float, words: list[str], output_tokens: int, seed: int = 0,
-                  apps: int = 4, docs_per_app: int = 6, system_words: int = 160,
-                  doc_words: int = 224, question_words: int = 16) -> list[Job]:
+                  apps: int = 4, docs_per_app: int = 8, system_words: int = 160,
+                  doc_words: int = 448, question_words: int = 16) -> list[Job]:
     rng = random.Random(seed)
     systems = [f"You are the assistant of application {a}. " + _text(rng, words, system_words)
                for a in range(apps)]
@@ -47,7 +50,8 @@ def build(name: str, rows: int, words: list[str], output_tokens: int, speedup: f
           rate: float, max_input_tokens: int) -> list[Job]:
     if name == "mooncake":
         return trace_jobs(trace_path("conversation"), rows, speedup, words,
-                          max_output_tokens=output_tokens, max_input_tokens=max_input_tokens)
+                          max_output_tokens=output_tokens, max_input_tokens=max_input_tokens,
+                          conversations=True)
     if name == "business":
         return business_jobs(rows, rate, words, output_tokens)
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")

@@ -10,7 +10,10 @@ from transformers import AutoTokenizer
 from backend_engine.model_loader import resolve_model
 from benchmarks.serve_bench_client import RequestResult
 from benchmarks.trace_load_report import SLO, figures
-from benchmarks.trace_load_workload import read_rows, single_token_words, trace_jobs, trace_path
+from benchmarks.serve_bench_workloads import Job, RequestSpec
+from benchmarks.trace_load_workload import (conversation_rows, read_rows, single_token_words,
+                                            trace_jobs, trace_path)
+from benchmarks.vs_smg import cached_ceiling
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,53 @@ def test_shared_hash_ids_are_shared_token_prefixes(tokenizer):
                 assert encoded[a][same:same + 16] != encoded[b][same:same + 16]
                 checked += 1
     assert checked > 10
+
+
+def _shared_blocks(a: dict, b: dict) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a["hash_ids"], b["hash_ids"])) if x != y),
+                min(len(a["hash_ids"]), len(b["hash_ids"])))
+
+
+def test_whole_conversations_reuse_what_the_trace_s_first_rows_do_not():
+    path = trace_path("conversation")
+    first = read_rows(path, 40)
+    chosen = conversation_rows(path, 40)
+    assert len(chosen) == 40
+    assert [r["timestamp"] for r in chosen] == sorted(r["timestamp"] for r in chosen)
+
+    def best_earlier(rows):
+        return [max((_shared_blocks(r, e) for e in rows[:i]), default=0) for i, r in enumerate(rows)]
+    # read in order, the first rows share only the trace's common first block
+    assert max(best_earlier(first)) == 1
+    # whole conversations: later turns repeat long runs of their earlier turns' blocks
+    continued = [n for n in best_earlier(chosen) if n >= 2]
+    assert len(continued) >= 10 and sum(continued) / len(continued) > 10
+    # the earliest-opening conversations, with every turn but the last one's
+    everything = read_rows(path, 1 << 30)
+    key = lambda r: tuple(r["hash_ids"][:2])  # noqa: E731
+    opened = {}
+    for i, r in enumerate(everything):
+        opened.setdefault(key(r), i)
+    kept = sorted({key(r) for r in chosen}, key=opened.get)
+    assert not [k for k, i in opened.items() if i < opened[kept[-1]] and k not in kept]
+    for k in kept[:-1]:
+        assert sum(key(r) == k for r in chosen) == sum(key(r) == k for r in everything)
+
+
+class _LetterTokens:
+    """A stand-in tokenizer: one token per character, no template."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return [ord(c) for c in messages[0]["content"]]
+
+
+def test_the_cached_ceiling_is_one_lru_cache_the_size_of_all_pools():
+    jobs = [Job([[RequestSpec("a" * 40 + "b" * 8, 4)]], 0.0),
+            Job([[RequestSpec("a" * 40 + "c" * 8, 4)]], 1.0)]
+    # the second prompt reads the first's two full blocks of "a" (the third block differs)
+    assert cached_ceiling(jobs, _LetterTokens(), capacity_blocks=100) == round(32 / 96, 4)
+    # a pool of one block keeps only the first prompt's last block: nothing to chain from
+    assert cached_ceiling(jobs, _LetterTokens(), capacity_blocks=1) == 0.0
 
 
 def test_goodput_needs_both_the_ttft_and_the_mean_itl_bound():
