@@ -26,6 +26,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
+from routing.policies.prefix_cost import UNCACHED_WEIGHT
 from routing.redis_lua import COUNT_USAGE, ROUTE_AND_RESERVE
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class SharedPick:
 class CostParams:
     window_abs: float = 4
     window_rel: float = 0.25
-    uncached_weight: float = 2.0
+    uncached_weight: float = UNCACHED_WEIGHT
     batch_scale: float = 4.0
     near_equal: float = 0.05
 

@@ -1,16 +1,17 @@
 """The prefix-cost policy: a replica's cached prefix and its load in one cost in tokens of work,
 guards, and no herding.
 
-    cost(r) = (2 * uncached_tokens(r) + pending_prefill_tokens(r) + block_size)
+    cost(r) = (3 * uncached_tokens(r) + pending_prefill_tokens(r) + block_size)
               * (1 + in_flight(r) / 4)
 
 The first factor is prefill work in tokens. Prefix tokens a replica holds only in its KV tier
 (host memory or disk below its pool) count as `restore_cost` of an uncached token each - the
 replica's measured restore time per token over its prefill time per token - so a tier hit
 lands between a pool hit and a miss. The request waits for the prefill already queued
-on r (pending) and for its own uncached tokens; its uncached tokens count twice because they
-are also new work every later request on r waits behind, and blocks they evict from r's
-cache. Pending prefill counts once: that work happens wherever this request goes, and when r
+on r (pending) and for its own uncached tokens. Its uncached tokens count three times: once
+for its own wait, once as new work every later request on r waits behind, and once for the
+blocks they take in r's cache, evicting blocks later requests would read (and, where another
+replica holds the prefix, only to keep a second copy of it). Pending prefill counts once: that work happens wherever this request goes, and when r
 is computing this very prefix (a sibling routed a moment ago) waiting for it is the cheap
 choice. `block_size` is the floor of one block of work, so a fully cached replica still costs
 more as its batch grows. The second factor is batch drag: the sequences in flight share r's
@@ -44,7 +45,7 @@ from routing.policies.base import (Decision, ReplicaState, RouteRequest, build_d
                                    home_of, require_replicas)
 
 
-UNCACHED_WEIGHT = 2.0
+UNCACHED_WEIGHT = 3.0
 
 
 def prefix_cost(r: ReplicaState, prompt_tokens: int, block_size: int,
