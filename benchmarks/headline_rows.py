@@ -116,11 +116,16 @@ ROWS: tuple[Row, ...] = (
     Row("trace_load", trace_load, TRACE_FIGURES),
     Row("trace_load", trace_load, TRACE_FIGURES, file="trace_load_int4"),
     Row("trace_load", trace_load, TRACE_FIGURES, file="trace_load_gemma3-270m"),
-    Row("vs_smg", "{args[rows]} Mooncake-trace and {args[rows]} business chats (shared system prompts and "
-        "documents) on {args[replicas]} fresh kvgate replicas per turn: kvgate's gateway (prefix_cost, "
-        "no tokenizer flag) vs SGLang's `smg` (cache_aware), worst of the two workloads",
+    Row("vs_smg", "{args[rows]} chats of whole Mooncake-trace conversations and {args[rows]} business chats "
+        "(shared system prompts and documents) on {args[replicas]} fresh kvgate replicas per turn: "
+        "kvgate's gateway (prefix_cost, no tokenizer flag) vs SGLang's `smg` (cache_aware), worst of "
+        "the two workloads",
         ("TTFT p50 ×{ttft_p50_vs_smg}", "TTFT p99 ×{ttft_p99_vs_smg}",
          "cached-token ratio {cached_ratio_minus_smg:+} over smg's",
+         "kvgate / smg / ceiling: Mooncake {results[runs][mooncake][kvgate][cached_ratio]} / "
+         "{results[runs][mooncake][smg][cached_ratio]} / {cached_ceiling[mooncake]}, business "
+         "{results[runs][business][kvgate][cached_ratio]} / {results[runs][business][smg][cached_ratio]} / "
+         "{cached_ceiling[business]}",
          "finished {kvgate_finished}/{requests} vs {smg_finished}/{requests}")),
     Row("serve_bench", "{results[replicas]} live CPU replicas of the default model, the same engine and "
         "weights under every policy, multi-tenant workload: kvgate routing vs round robin, 1 gateway",
