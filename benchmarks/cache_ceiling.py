@@ -9,6 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def chat_prompts(jobs: Sequence, tokenizer) -> list[list[int]]:
+    """The jobs' chat prompts (one user message each) as a server tokenises them: the model's
+    chat template, then the tokenizer."""
+    return [tokenizer(tokenizer.apply_chat_template(
+        [{"role": "user", "content": spec.prompt}], add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False)["input_ids"] for job in jobs for stage in job.stages for spec in stage]
+
+
 def cache_ceilings(prompts: Sequence[Sequence[int]], block_size: int = 16) -> dict[str, float]:
     """{'whole_blocks': ratio, 'by_token': ratio} of prompt tokens; a lookup never serves a
     prompt's last token (it must yield logits)."""

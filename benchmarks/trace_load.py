@@ -22,12 +22,15 @@ import sys
 import time
 from pathlib import Path
 
+from backend_engine.config import EngineConfig
 from benchmarks import results_file
-from benchmarks.cache_ceiling import cache_ceilings
+from benchmarks.cache_ceiling import cache_ceilings, chat_prompts
+from benchmarks.llamacpp_server import LlamaServer
 from benchmarks.serve_bench_client import LoadClient, LoadSpec, discover_model
 from benchmarks.serve_bench_workloads import Job
 from benchmarks.trace_load_report import SLO, ServerFigures, figures, plot, table
 from benchmarks.trace_load_workload import single_token_words, trace_jobs, trace_path
+from kvgate.launcher.plan import DEFAULT_CPU_REPLICAS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -64,12 +67,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def engine_flags(args: argparse.Namespace) -> dict:
+    """The replicas' settings: --engine's, and unless they size the KV pool, the KV tokens
+    llama-server gets (--parallel slots x its context per slot) split over the replicas, so
+    both servers hold as many tokens of cache (kvgate's in its compute dtype, fp32 by default
+    on CPU, llama.cpp's in f16)."""
     flags = {}
     for item in args.engine:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--engine wants KEY=VALUE, not {item!r}")
         flags[key.replace("-", "_")] = value
+    if not {"num_kv_blocks", "kv_cache_memory_gb"} & flags.keys():
+        replicas = args.replicas or DEFAULT_CPU_REPLICAS
+        tokens = args.llamacpp_parallel * LlamaServer.ctx_per_slot
+        flags["num_kv_blocks"] = tokens // replicas // EngineConfig.__dataclass_fields__["block_size"].default
     return flags
 
 
@@ -96,8 +107,6 @@ def run_kvgate(args, jobs: list[Job], say) -> list:
 
 
 def run_llamacpp(args, jobs: list[Job], say) -> list:
-    from benchmarks.llamacpp_server import LlamaServer
-
     from backend_engine.model_loader import gguf_file
 
     gguf = gguf_file(args.model)
@@ -161,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(3)  # let the last server's processes leave the cores
     result = headline(rows.get("kvgate"), rows.get("llamacpp"), len(jobs))
     # the cached ratios above against what an unbounded cache could serve of these prompts
-    ceilings = cache_ceilings([tokenizer(tokenizer.apply_chat_template(
-        [{"role": "user", "content": job.stages[0][0].prompt}], add_generation_prompt=True,
-        tokenize=False), add_special_tokens=False)["input_ids"] for job in jobs])
+    ceilings = cache_ceilings(chat_prompts(jobs, tokenizer))
     result.update(cached_ceiling_whole_blocks=ceilings["whole_blocks"],
                   cached_ceiling_by_token=ceilings["by_token"])
     out = Path(args.out)

@@ -15,8 +15,9 @@ gateway (the workloads share no prefix with each other).
     python -m benchmarks.vs_smg --replicas 4 --rows 120 --compile --window-s 600   # bigger
 
 Per run: finished requests, cached-token ratio (the replicas' own prefix-cache counters), TTFT
-p50/p99 and output tokens/s; per workload its cached-token ceiling (one LRU cache as large as
-all pools, fed the same prompts: what the best routing could reach); a table, then one JSON line
+p50/p99 and output tokens/s; per workload its cached-token ceiling (benchmarks/cache_ceiling.py:
+each prompt's longest shared prefix, by token, with any earlier one: what no routing can
+beat); a table, then one JSON line
 whose `ttft_p50_vs_smg`, `ttft_p99_vs_smg` (kvgate / smg, lower is better) and
 `cached_ratio_minus_smg` are the worst over the workloads. A kvgate turn's routing decisions
 are kept beside the replicas' logs."""
@@ -37,14 +38,13 @@ from pathlib import Path
 import httpx
 
 from benchmarks import results_file
+from benchmarks.cache_ceiling import cache_ceilings, chat_prompts
 from benchmarks.serve_bench_cluster import Cluster, ClusterSpec, _free_base_port, bench_config
 from benchmarks.serve_bench_stats import delta, replica_counters
-from benchmarks.sim_replica import SimRequest, pooled_upper_bound
 from benchmarks.trace_load import replay
 from benchmarks.trace_load_report import SLO, ServerFigures, figures
 from benchmarks.trace_load_workload import single_token_words
 from benchmarks.vs_smg_workloads import WORKLOADS, build
-from routing.hashing import block_hashes
 
 GATEWAYS = ("kvgate", "round_robin", "smg")
 ADMIN_KEY = "vs-smg-admin"
@@ -191,21 +191,6 @@ def one_turn(args, gateway: str, workloads: dict[str, list], say) -> dict[str, t
     return out
 
 
-def cached_ceiling(jobs: list, tokenizer, capacity_blocks: int, block_size: int = 16) -> float:
-    """The cached-token ratio of one LRU cache as large as all replicas' pools together, fed the
-    workload's chat prompts in arrival order: what the best routing could reach."""
-    requests = []
-    for job in jobs:
-        for stage in job.stages:
-            for spec in stage:
-                ids = tokenizer.apply_chat_template([{"role": "user", "content": spec.prompt}],
-                                                    add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding
-                requests.append(SimRequest(job.arrival, block_hashes(ids, "ceiling", block_size),
-                                           len(ids), spec.max_tokens))
-    return round(pooled_upper_bound(requests, capacity_blocks, block_size), 4)
-
-
 def compare(rows: dict[str, ServerFigures]) -> dict:
     kv, smg = rows.get("kvgate"), rows.get("smg")
     if kv is None or smg is None:
@@ -228,7 +213,7 @@ def worst(per_workload: dict[str, dict]) -> dict:
 
 
 def table(workload: str, rows: list[ServerFigures], ceiling: float) -> str:
-    lines = [f"{workload} (cached-token ceiling {ceiling}: one cache the size of all pools):", "| gateway | finished | cached-token ratio | TTFT p50 / p99 (s) | out tok/s |",
+    lines = [f"{workload} (cached-token ceiling {ceiling}: every prompt against all earlier ones):", "| gateway | finished | cached-token ratio | TTFT p50 / p99 (s) | out tok/s |",
              "|---|---|---|---|---|"]
     lines += [f"| {r.server} | {r.finished}/{r.requests} | {r.cached_ratio} | {r.ttft_p50_s} / "
               f"{r.ttft_p99_s} | {r.out_tok_s} |" for r in rows]
@@ -252,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     words = single_token_words(tokenizer)
     jobs = {w: build(w, args.rows, words, args.output_tokens, args.speedup, args.rate,
                      args.max_input_tokens) for w in workloads}
-    ceiling = {w: cached_ceiling(js, tokenizer, args.replicas * args.num_kv_blocks)
-               for w, js in jobs.items()}
+    ceiling = {w: cache_ceilings(chat_prompts(js, tokenizer))["by_token"] for w, js in jobs.items()}
     for w, js in jobs.items():
         say(f"{w}: {len(js)} requests over {js[-1].arrival:.0f} s, cached-token ceiling {ceiling[w]}")
     rows: dict[str, dict[str, ServerFigures]] = {}

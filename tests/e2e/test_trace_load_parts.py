@@ -10,10 +10,8 @@ from transformers import AutoTokenizer
 from backend_engine.model_loader import resolve_model
 from benchmarks.serve_bench_client import RequestResult
 from benchmarks.trace_load_report import SLO, figures
-from benchmarks.serve_bench_workloads import Job, RequestSpec
 from benchmarks.trace_load_workload import (conversation_rows, read_rows, single_token_words,
                                             trace_jobs, trace_path)
-from benchmarks.vs_smg import cached_ceiling
 
 
 @pytest.fixture(scope="module")
@@ -73,22 +71,6 @@ def test_whole_conversations_reuse_what_the_trace_s_first_rows_do_not():
     assert not [k for k, i in opened.items() if i < opened[kept[-1]] and k not in kept]
     for k in kept[:-1]:
         assert sum(key(r) == k for r in chosen) == sum(key(r) == k for r in everything)
-
-
-class _LetterTokens:
-    """A stand-in tokenizer: one token per character, no template."""
-
-    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
-        return [ord(c) for c in messages[0]["content"]]
-
-
-def test_the_cached_ceiling_is_one_lru_cache_the_size_of_all_pools():
-    jobs = [Job([[RequestSpec("a" * 40 + "b" * 8, 4)]], 0.0),
-            Job([[RequestSpec("a" * 40 + "c" * 8, 4)]], 1.0)]
-    # the second prompt reads the first's two full blocks of "a" (the third block differs)
-    assert cached_ceiling(jobs, _LetterTokens(), capacity_blocks=100) == round(32 / 96, 4)
-    # a pool of one block keeps only the first prompt's last block: nothing to chain from
-    assert cached_ceiling(jobs, _LetterTokens(), capacity_blocks=1) == 0.0
 
 
 def test_goodput_needs_both_the_ttft_and_the_mean_itl_bound():
