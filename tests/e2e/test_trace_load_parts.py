@@ -89,3 +89,15 @@ def test_goodput_needs_both_the_ttft_and_the_mean_itl_bound():
     assert f.cached_ratio == 0.25
     assert f.errors == {"cut off at the end of the window": 1}
     assert f.out_tok_s == pytest.approx((101 + 11 + 101 + 1) / 52.0, abs=0.01)
+
+
+def test_the_replicas_hold_as_many_kv_tokens_as_llama_server_unless_told():
+    from benchmarks.trace_load import engine_flags, parse_args
+
+    # llama-server's 16 slots x 4,096 tokens, split over kvgate up's 2 CPU replicas, in blocks of 16
+    assert engine_flags(parse_args([])) == {"num_kv_blocks": 16 * 4096 // 2 // 16}
+    assert engine_flags(parse_args(["--replicas", "4", "--llamacpp-parallel", "8"])) == {
+        "num_kv_blocks": 8 * 4096 // 4 // 16}
+    for sized in ("num_kv_blocks=300", "kv-cache-memory-gb=2"):
+        flags = engine_flags(parse_args(["--engine", sized, "--engine", "dtype=bfloat16"]))
+        assert "dtype" in flags and len(flags) == 2
