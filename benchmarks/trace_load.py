@@ -80,7 +80,8 @@ def engine_flags(args: argparse.Namespace) -> dict:
     if not {"num_kv_blocks", "kv_cache_memory_gb"} & flags.keys():
         replicas = args.replicas or DEFAULT_CPU_REPLICAS
         tokens = args.llamacpp_parallel * LlamaServer.ctx_per_slot
-        flags["num_kv_blocks"] = tokens // replicas // EngineConfig.__dataclass_fields__["block_size"].default
+        block_size = EngineConfig.__dataclass_fields__["block_size"].default
+        flags["num_kv_blocks"] = tokens // replicas // block_size
     return flags
 
 

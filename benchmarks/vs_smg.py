@@ -7,20 +7,19 @@ set up as a newcomer sets them up: fresh replicas (`kvgate up --gateways 0`), th
   smg          `smg launch --worker-urls URL ... --policy cache_aware`
 
 each replaying the same prefix-sharing workloads, one after the other (benchmarks/
-vs_smg_workloads.py: whole conversations of the public Mooncake trace by their hash ids, and a business
-workload of shared system prompts and documents) as streaming chat, on fresh replicas for each
-gateway (the workloads share no prefix with each other).
+vs_smg_workloads.py: whole conversations of the public Mooncake trace by their hash ids, and a
+business workload of shared system prompts and documents) as streaming chat, on fresh replicas
+for each gateway (the workloads share no prefix with each other).
 
     python -m benchmarks.vs_smg          # 2 replicas, 40 rows per workload: ~10 min on 2 idle cores
     python -m benchmarks.vs_smg --replicas 4 --rows 120 --compile --window-s 600   # bigger
 
 Per run: finished requests, cached-token ratio (the replicas' own prefix-cache counters), TTFT
 p50/p99 and output tokens/s; per workload its cached-token ceiling (benchmarks/cache_ceiling.py:
-each prompt's longest shared prefix, by token, with any earlier one: what no routing can
-beat); a table, then one JSON line
-whose `ttft_p50_vs_smg`, `ttft_p99_vs_smg` (kvgate / smg, lower is better) and
-`cached_ratio_minus_smg` are the worst over the workloads. A kvgate turn's routing decisions
-are kept beside the replicas' logs."""
+each prompt's longest shared prefix, by token, with any earlier one: what no routing can beat);
+a table, then one JSON line whose `ttft_p50_vs_smg`, `ttft_p99_vs_smg` (kvgate / smg, lower is
+better) and `cached_ratio_minus_smg` are the worst over the workloads. A kvgate turn's routing
+decisions are kept beside the replicas' logs."""
 
 from __future__ import annotations
 
@@ -213,7 +212,8 @@ def worst(per_workload: dict[str, dict]) -> dict:
 
 
 def table(workload: str, rows: list[ServerFigures], ceiling: float) -> str:
-    lines = [f"{workload} (cached-token ceiling {ceiling}: every prompt against all earlier ones):", "| gateway | finished | cached-token ratio | TTFT p50 / p99 (s) | out tok/s |",
+    lines = [f"{workload} (cached-token ceiling {ceiling}: every prompt against all earlier ones):",
+             "| gateway | finished | cached-token ratio | TTFT p50 / p99 (s) | out tok/s |",
              "|---|---|---|---|---|"]
     lines += [f"| {r.server} | {r.finished}/{r.requests} | {r.cached_ratio} | {r.ttft_p50_s} / "
               f"{r.ttft_p99_s} | {r.out_tok_s} |" for r in rows]
