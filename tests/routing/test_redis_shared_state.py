@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 
 from routing.hashing import block_hashes
-from routing.policies import NoReplicaAvailable
+from routing.policies import NoReplicaAvailable, ReplicaState
+from routing.policies.prefix_cost import UNCACHED_WEIGHT, prefix_cost
 from routing.rate_limit import RateLimit, RateLimiter
 from routing.redis_store import Candidate, RedisStore, StoreState
 from routing.router import Router
@@ -131,8 +132,10 @@ async def test_lua_pick_agrees_with_python_cost(redis_server):
     pick = await store.route_and_reserve("x", candidates, hashes, 320, 16, 0.5)
     assert pick.replica == "b" and pick.reason == "cache_hit"
     costs = {s.replica: s.cost for s in pick.scores}
-    # (2 * uncached + pending + block) * (1 + in_flight / 4), as routing/policies/prefix_cost.py
-    assert costs == {"a": (2 * 320 + 16) * 1.0, "b": (2 * 64 + 16) * 1.0, "c": (2 * 320 + 16) * 1.0}
+    assert costs == {"a": prefix_cost(ReplicaState("a"), 320, 16),
+                     "b": prefix_cost(ReplicaState("b", cached_tokens=256), 320, 16),
+                     "c": prefix_cost(ReplicaState("c"), 320, 16)}
+    assert costs["a"] == (UNCACHED_WEIGHT * 320 + 16) * 1.0  # no load: the first factor alone
     await store.close()
 
 

@@ -91,7 +91,7 @@ def test_an_attached_template_goes_with_its_weight(compiled):
     ptr, packed = w.packed.data_ptr(), w.packed
     del w
     gc.collect()
-    assert ptr not in cpu_template._attached
+    assert ptr not in cpu_template._attached._by_ptr
     assert cpu_template.lookup(packed) is None
 
 
@@ -122,7 +122,7 @@ def test_a_template_that_fails_to_run_leaves_the_prompt_rows_to_the_tiles(compil
     x = torch.randn(9, 128)
     y = cpu_template.int4_template(x, w)
     assert template.failed and template(x) is None
-    del cpu_template._attached[w.packed.data_ptr()]
+    del cpu_template._attached._by_ptr[w.packed.data_ptr()]
     assert torch.equal(y, tiles.int4_tiles(x, w))  # the dequantise + GEMM tiles
 
 
