@@ -11,9 +11,9 @@ lands between a pool hit and a miss. The request waits for the prefill already q
 on r (pending) and for its own uncached tokens. Its uncached tokens count three times: once
 for its own wait, once as new work every later request on r waits behind, and once for the
 blocks they take in r's cache, evicting blocks later requests would read (and, where another
-replica holds the prefix, only to keep a second copy of it). Pending prefill counts once: that work happens wherever this request goes, and when r
-is computing this very prefix (a sibling routed a moment ago) waiting for it is the cheap
-choice. `block_size` is the floor of one block of work, so a fully cached replica still costs
+replica holds the prefix, only to keep a second copy of it). Pending prefill counts once: that
+work happens wherever this request goes, and when r is computing this very prefix (a sibling
+routed a moment ago) waiting for it is the cheap choice. `block_size` is the floor of one block of work, so a fully cached replica still costs
 more as its batch grows. The second factor is batch drag: the sequences in flight share r's
 steps. LMetric uses (in_flight + 1); dividing by 4 softens it so that one extra request in
 flight does not double the cost - with the full factor, the second of a burst of siblings
